@@ -1,0 +1,1 @@
+"""The async face of the engine, on anyio."""
