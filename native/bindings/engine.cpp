@@ -1,4 +1,235 @@
+// Bindings for the engine, runs, kernels and tensor arguments. Thin: argument
+// conversion and GIL handling only.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+
 #include "bindings.hpp"
+#include "tandem/engine.hpp"
+#include "tandem/errors.hpp"
+
+namespace py = pybind11;
+
 namespace tandem::bindings {
-void bind_engine(pybind11::module_& m) {}
+
+namespace {
+
+py::dtype numpy_dtype(int32_t code) {
+  switch (code) {
+    case TD_FLOAT32: return py::dtype("float32");
+    case TD_FLOAT16: return py::dtype("float16");
+    case TD_BFLOAT16: return py::dtype("uint16");  // bit storage, as engine.dtypes.bfloat16
+    case TD_INT32: return py::dtype("int32");
+    case TD_INT64: return py::dtype("int64");
+    case TD_UINT8: return py::dtype("uint8");
+    default: throw InvalidArgument("unknown dtype code " + std::to_string(code));
+  }
 }
+
+// A numpy array viewing a tensor argument's memory (no copy). Read-only
+// arguments give read-only arrays.
+py::array tensor_as_array(const td_tensor& t) {
+  const auto itemsize = static_cast<py::ssize_t>(td_dtype_size(t.dtype));
+  std::vector<py::ssize_t> shape(t.shape, t.shape + t.ndim);
+  std::vector<py::ssize_t> strides;
+  for (int i = 0; i < t.ndim; ++i) strides.push_back(static_cast<py::ssize_t>(t.strides[i]) * itemsize);
+  py::array a(numpy_dtype(t.dtype), shape, strides, t.data, py::none());
+  if (t.access == TD_READ) {
+    py::detail::array_proxy(a.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+  }
+  return a;
+}
+
+// A Python callable run as a host task: fn(*arrays, *scalars), with the GIL.
+class PyHostCallable final : public HostCallable {
+ public:
+  explicit PyHostCallable(py::function fn) : fn_(std::move(fn)) {}
+  ~PyHostCallable() override {
+    if (Py_IsInitialized()) {
+      py::gil_scoped_acquire gil;
+      fn_ = py::function();
+    } else {
+      fn_.release();  // interpreter gone: nothing to decref into
+    }
+  }
+
+  int call(const td_args& args, std::string& err) override {
+    py::gil_scoped_acquire gil;
+    try {
+      py::tuple call_args(args.n_tensors + args.n_scalars);
+      for (int i = 0; i < args.n_tensors; ++i) call_args[i] = tensor_as_array(args.tensors[i]);
+      for (int i = 0; i < args.n_scalars; ++i) {
+        const td_scalar& s = args.scalars[i];
+        call_args[args.n_tensors + i] =
+            s.kind == TD_SCALAR_INT ? py::object(py::int_(s.value.i)) : py::object(py::float_(s.value.f));
+      }
+      fn_(*call_args);
+      return 0;
+    } catch (py::error_already_set& e) {
+      err = e.what();
+      return 1;
+    }
+  }
+
+ private:
+  py::function fn_;
+};
+
+td_scalar to_scalar(const py::handle& h) {
+  td_scalar s{};
+  if (py::isinstance<py::bool_>(h) || py::isinstance<py::int_>(h)) {
+    s.kind = TD_SCALAR_INT;
+    s.value.i = h.cast<int64_t>();
+  } else if (py::isinstance<py::float_>(h)) {
+    s.kind = TD_SCALAR_FLOAT;
+    s.value.f = h.cast<double>();
+  } else {
+    throw TypeMismatch("a scalar argument must be an int, bool or float, not " +
+                       std::string(py::str(py::type::of(h).attr("__name__"))));
+  }
+  return s;
+}
+
+TensorArg make_tensor_arg(uintptr_t addr, int32_t dtype, const std::vector<int64_t>& shape,
+                          const std::vector<int64_t>& strides, uint64_t alloc_id, uint64_t begin, uint64_t end) {
+  if (td_dtype_size(dtype) == 0) throw InvalidArgument("unknown dtype code " + std::to_string(dtype));
+  if (shape.size() > TD_MAX_DIMS) throw InvalidArgument("at most " + std::to_string(TD_MAX_DIMS) + " dims");
+  if (shape.size() != strides.size()) throw InvalidArgument("shape and strides differ in length");
+  if (end < begin) throw InvalidArgument("byte range end < begin");
+  TensorArg a;
+  a.view.data = reinterpret_cast<void*>(addr);
+  a.view.dtype = dtype;
+  a.view.ndim = static_cast<int32_t>(shape.size());
+  for (size_t i = 0; i < shape.size(); ++i) {
+    a.view.shape[i] = shape[i];
+    a.view.strides[i] = strides[i];
+  }
+  a.alloc_id = alloc_id;
+  a.begin = begin;
+  a.end = end;
+  return a;
+}
+
+}  // namespace
+
+void bind_engine(py::module_& m) {
+  py::class_<Kernel, std::shared_ptr<Kernel>>(m, "Kernel", "A kernel registered in an engine")
+      .def_property_readonly("name", [](const Kernel& k) { return k.name; })
+      .def_property_readonly("is_host", &Kernel::is_host)
+      .def("__repr__", [](const Kernel& k) { return "<Kernel " + k.name + (k.is_host() ? " (host)>" : ">"); });
+
+  py::class_<TensorArg>(m, "TensorArg", "A tensor argument: a strided view plus its tracked byte range")
+      .def(py::init(&make_tensor_arg), py::arg("addr"), py::arg("dtype"), py::arg("shape"), py::arg("strides"),
+           py::arg("alloc_id"), py::arg("begin"), py::arg("end"))
+      .def_property_readonly("addr", [](const TensorArg& a) { return reinterpret_cast<uintptr_t>(a.view.data); })
+      .def_property_readonly("alloc_id", [](const TensorArg& a) { return a.alloc_id; })
+      .def_property_readonly("byte_range", [](const TensorArg& a) { return py::make_tuple(a.begin, a.end); });
+
+  py::class_<Run, std::shared_ptr<Run>>(m, "Run", "One run: a group of tasks completing together")
+      .def_property_readonly("id", &Run::id)
+      .def_property_readonly("done", &Run::done)
+      .def_property_readonly("sealed", &Run::sealed)
+      .def_property_readonly("cancelled", &Run::cancelled)
+      .def_property_readonly("failed", &Run::failed)
+      .def_property_readonly("task_count", &Run::task_count)
+      .def("cancel", &Run::cancel)
+      .def(
+          "wait",
+          [](Run& r, std::optional<double> timeout) { return r.wait(timeout ? *timeout : -1.0); },
+          py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("failure",
+           [](const Run& r) -> py::object {
+             if (!r.failed()) return py::none();
+             RunFailure f = r.failure();
+             return py::make_tuple(f.task_index, f.kernel, f.message);
+           })
+      .def("times",
+           [](const Run& r) {
+             RunTimes t = r.times();
+             py::dict d;
+             d["created_ns"] = t.created_ns;
+             d["sealed_ns"] = t.sealed_ns;
+             d["first_start_ns"] = t.first_start_ns;
+             d["last_end_ns"] = t.last_end_ns;
+             d["done_ns"] = t.done_ns;
+             d["busy_ns"] = t.busy_ns;
+             return d;
+           })
+      .def("attach_accessor", &Run::attach_accessor);
+
+  py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", "Worker pool, task graph and notifier of one runtime")
+      .def(py::init<std::shared_ptr<Device>, int>(), py::arg("device"), py::arg("workers") = 0)
+      .def_property_readonly("device", &Engine::device)
+      .def_property_readonly("workers", &Engine::workers)
+      .def_property_readonly("closed", &Engine::closed)
+      .def_property_readonly("notifier_fd", [](Engine& e) { return e.notifier().fd(); })
+      .def("now_ns", &Engine::now_ns)
+      .def("kernel", [](Engine& e, const std::string& name) { return std::const_pointer_cast<Kernel>(e.registry().get(name)); })
+      .def("has_kernel", [](Engine& e, const std::string& name) { return e.registry().find(name) != nullptr; })
+      .def("kernel_names", [](Engine& e) { return e.registry().names(); })
+      .def(
+          "register_host_kernel",
+          [](Engine& e, const std::string& name, py::function fn) {
+            auto k = make_host_kernel(name, std::make_shared<PyHostCallable>(std::move(fn)));
+            e.registry().add(k);
+            return std::const_pointer_cast<Kernel>(k);
+          },
+          py::arg("name"), py::arg("fn"))
+      .def(
+          "load_kernel",
+          [](Engine& e, const std::string& path, const std::string& symbol, std::optional<std::string> name) {
+            auto k = load_kernel(path, symbol, name ? *name : symbol);
+            e.registry().add(k);
+            return std::const_pointer_cast<Kernel>(k);
+          },
+          py::arg("path"), py::arg("symbol"), py::arg("name") = py::none())
+      .def("begin_run", &Engine::begin_run, py::arg("notify") = false)
+      .def(
+          "submit",
+          [](Engine& e, Run& run, const std::shared_ptr<Kernel>& kernel, const std::vector<TensorArg>& tensors,
+             const std::vector<int32_t>& access, const py::sequence& scalars) {
+            std::vector<td_scalar> s;
+            s.reserve(scalars.size());
+            for (const auto& h : scalars) s.push_back(to_scalar(h));
+            e.submit(run, kernel, tensors, access, std::move(s));
+          },
+          py::arg("run"), py::arg("kernel"), py::arg("tensors"), py::arg("access"), py::arg("scalars") = py::tuple())
+      .def("submit_copy_back", &Engine::submit_copy_back, py::arg("run"), py::arg("arg"), py::arg("device_base"))
+      .def("seal", &Engine::seal, py::arg("run"))
+      .def("quiesce", &Engine::quiesce, py::arg("alloc_id"), py::call_guard<py::gil_scoped_release>())
+      .def("forget_allocation", &Engine::forget_allocation, py::arg("alloc_id"))
+      .def("close", &Engine::close, py::arg("cancel_pending") = false, py::call_guard<py::gil_scoped_release>())
+      .def("drain_completed", [](Engine& e) { return e.notifier().drain(); })
+      .def(
+          "wait_completed",
+          [](Engine& e, std::optional<double> timeout) { return e.notifier().wait(timeout ? *timeout : -1.0); },
+          py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("set_tracing", &Engine::set_tracing)
+      .def("drain_trace",
+           [](Engine& e) {
+             py::list out;
+             for (const TraceEvent& ev : e.drain_trace()) {
+               out.append(py::make_tuple(ev.run_id, ev.task_index, ev.worker, ev.start_ns, ev.end_ns, ev.name, ev.ok));
+             }
+             return out;
+           })
+      .def("stats", [](const Engine& e) {
+        EngineStats s = e.stats();
+        py::dict d;
+        d["tasks_submitted"] = s.tasks_submitted;
+        d["tasks_executed"] = s.tasks_executed;
+        d["tasks_skipped"] = s.tasks_skipped;
+        d["runs_started"] = s.runs_started;
+        d["runs_completed"] = s.runs_completed;
+        d["runs_live"] = s.runs_live;
+        d["tracker_records"] = s.tracker_records;
+        d["tracker_allocations"] = s.tracker_allocations;
+        d["queued"] = s.queued;
+        d["workers"] = s.workers;
+        return d;
+      });
+}
+
+}  // namespace tandem::bindings

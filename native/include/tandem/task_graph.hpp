@@ -1,0 +1,172 @@
+// Tasks, runs and the dependency tracker.
+//
+// A task is one kernel call over tagged tensor arguments. Dependencies are
+// inferred from tags on overlapping byte ranges of the same allocation
+// (read-after-write, write-after-read, write-after-write). The tracker belongs
+// to the engine, not to a run, so runs that share memory execute in submission
+// order and runs over disjoint memory execute concurrently.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "tandem/accessor.hpp"
+#include "tandem/kernel.hpp"
+
+namespace tandem {
+
+// A task argument: the kernel's view plus what dependency tracking needs.
+struct TensorArg {
+  td_tensor view{};
+  uint64_t alloc_id = 0;  // allocation identity within the device; 0 = untracked
+  uint64_t begin = 0;     // byte range [begin, end) relative to the allocation base
+  uint64_t end = 0;
+};
+
+class Run;
+
+// A small test-and-set lock: held only for a few instructions (edge insertion).
+class SpinLock {
+ public:
+  void lock() noexcept {
+    while (flag_.test_and_set(std::memory_order_acquire)) {
+#if defined(__x86_64__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+  void unlock() noexcept { flag_.clear(std::memory_order_release); }
+
+ private:
+  std::atomic_flag flag_ = ATOMIC_FLAG_INIT;
+};
+
+struct Task {
+  enum class Op : uint8_t { Kernel, CopyBack };
+
+  std::atomic<int32_t> pending{1};  // unfinished dependencies + the submission guard
+  std::atomic<int32_t> refs{1};     // execution ref + one per tracker record
+  std::atomic<bool> finished{false};
+  SpinLock lock;                    // guards dependents against concurrent completion
+  std::vector<Task*> dependents;
+
+  Run* run = nullptr;  // alive while the task is unfinished
+  uint64_t run_id = 0;
+  KernelPtr kernel;
+  std::vector<td_tensor> tensors;
+  std::vector<td_scalar> scalars;
+  uint32_t index = 0;  // position within its run
+  Op op = Op::Kernel;
+  uintptr_t copy_base = 0;  // Op::CopyBack: region of the run's accessor
+};
+
+inline void task_unref(Task* t) {
+  if (t->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete t;
+}
+
+// Appends to `ready` the dependents whose last dependency was `t`.
+void task_complete(Task* t, std::vector<Task*>& ready);
+
+struct RunTimes {
+  int64_t created_ns = 0, sealed_ns = 0, first_start_ns = -1, last_end_ns = -1, done_ns = -1;
+  int64_t busy_ns = 0;  // summed task execution time
+};
+
+struct RunFailure {
+  int32_t task_index = -1;
+  std::string kernel;
+  std::string message;
+};
+
+class Engine;
+
+// One run: a group of tasks that completes when its last task completes.
+class Run {
+ public:
+  Run(Engine* engine, uint64_t id, bool notify, int64_t created_ns);
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
+
+  uint64_t id() const { return id_; }
+  bool notify() const { return notify_; }
+  bool sealed() const { return sealed_.load(std::memory_order_acquire); }
+  bool done() const { return done_.load(std::memory_order_acquire); }
+  bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  uint32_t task_count() const { return n_tasks_; }
+
+  // Skips every task that has not started; returns false when already done.
+  bool cancel();
+  // Blocks until done (timeout < 0: forever). Returns done().
+  bool wait(double timeout_s);
+  RunFailure failure() const;
+  RunTimes times() const;
+
+  // The accessor the run's host arguments are mapped through; closed when the
+  // run completes, whatever the outcome.
+  void attach_accessor(std::shared_ptr<HostAccessor> accessor);
+
+ private:
+  friend class Engine;
+  void record_failure(uint32_t task_index, const std::string& kernel, const std::string& message);
+  void finish(int64_t now_ns);
+
+  Engine* engine_;
+  const uint64_t id_;
+  const bool notify_;
+  std::atomic<int64_t> outstanding_{1};  // unfinished tasks + the seal guard
+  std::atomic<bool> sealed_{false};
+  std::atomic<bool> done_{false};
+  std::atomic<bool> cancelled_{false};
+  std::atomic<bool> failed_{false};
+  uint32_t n_tasks_ = 0;  // written under the engine's submit lock
+  std::atomic<int64_t> busy_ns_{0};
+  std::atomic<int64_t> first_start_ns_{-1};
+  std::atomic<int64_t> last_end_ns_{-1};
+  int64_t created_ns_, sealed_ns_ = 0, done_ns_ = -1;
+  std::shared_ptr<HostAccessor> accessor_;
+  mutable std::mutex mu_;  // guards failure_, done_ns_ and the wait condition
+  std::condition_variable cv_;
+  RunFailure failure_;
+};
+
+// Engine-wide record of who last touched which bytes. Not thread-safe by
+// itself: the engine calls it under its submit lock.
+class DependencyTracker {
+ public:
+  ~DependencyTracker();
+  // Adds edges from earlier conflicting tasks to `t`, then records t's access.
+  void access(Task* t, uint64_t alloc, uint64_t begin, uint64_t end, int32_t mode);
+  // Drops every record whose task has finished; returns records kept.
+  size_t compact();
+  // Forgets an allocation (after it is freed).
+  void forget(uint64_t alloc);
+  // Ids of runs that still have unfinished tasks touching `alloc`.
+  std::vector<uint64_t> busy_runs(uint64_t alloc) const;
+  size_t record_count() const { return records_; }
+  size_t allocation_count() const { return by_alloc_.size(); }
+
+ private:
+  struct Record {
+    uint64_t begin, end;
+    Task* task;
+  };
+  struct Lists {
+    std::vector<Record> reads, writes;
+    size_t reads_compact_at = 16, writes_compact_at = 16;
+  };
+  size_t compact_list(std::vector<Record>& list);
+  size_t remove_covered(std::vector<Record>& list, uint64_t begin, uint64_t end, const Task* keep);
+
+  std::unordered_map<uint64_t, Lists> by_alloc_;
+  size_t records_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,289 @@
+#include "tandem/engine.hpp"
+
+#include <algorithm>
+#include <thread>
+
+#include "tandem/errors.hpp"
+
+namespace tandem {
+
+namespace {
+constexpr uint64_t kCompactEvery = 1u << 14;  // full tracker sweep period, in submissions
+
+int default_workers() {
+  const unsigned cores = std::thread::hardware_concurrency();
+  return cores > 1 ? static_cast<int>(cores) - 1 : 1;
+}
+
+uint64_t byte_extent_check(const TensorArg& a) {
+  if (a.end < a.begin) throw InvalidArgument("tensor argument has a negative byte range");
+  return a.end - a.begin;
+}
+}  // namespace
+
+Engine::Engine(std::shared_ptr<Device> device, int workers)
+    : device_(std::move(device)), epoch_(std::chrono::steady_clock::now()) {
+  if (!device_) throw InvalidArgument("an engine needs a device");
+  register_builtin_kernels(registry_);
+  pool_ = std::make_unique<WorkerPool>(workers > 0 ? workers : default_workers(), *this);
+}
+
+Engine::~Engine() { close(true); }
+
+int64_t Engine::now_ns() const {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - epoch_).count();
+}
+
+std::shared_ptr<Run> Engine::begin_run(bool notify) {
+  std::lock_guard<std::mutex> lock(live_mu_);
+  if (closed()) throw ClosedError("the engine is closed");
+  auto run = std::make_shared<Run>(this, next_run_id_++, notify, now_ns());
+  live_.emplace(run->id(), run);
+  runs_started_.fetch_add(1, std::memory_order_relaxed);
+  return run;
+}
+
+void Engine::submit(Run& run, KernelPtr kernel, const std::vector<TensorArg>& tensors,
+                    const std::vector<int32_t>& access, std::vector<td_scalar> scalars) {
+  if (!kernel) throw InvalidArgument("submit: null kernel");
+  if (access.size() != tensors.size()) {
+    throw InvalidArgument("submit: " + std::to_string(tensors.size()) + " tensors but " +
+                          std::to_string(access.size()) + " access tags");
+  }
+  auto task = std::make_unique<Task>();
+  task->tensors.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const int32_t mode = access[i];
+    if (mode != TD_READ && mode != TD_WRITE && mode != TD_READWRITE) {
+      throw InvalidArgument("submit: access tag " + std::to_string(mode) + " is not read, write or read-write");
+    }
+    byte_extent_check(tensors[i]);
+    td_tensor v = tensors[i].view;
+    v.access = mode;
+    task->tensors.push_back(v);
+  }
+  task->scalars = std::move(scalars);
+  task->kernel = std::move(kernel);
+  task->run = &run;
+  task->run_id = run.id();
+
+  Task* t = task.release();
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (closed() || run.sealed()) {
+      delete t;
+      if (closed()) throw ClosedError("the engine is closed");
+      throw InvalidArgument("run " + std::to_string(run.id()) + " is sealed: no more tasks");
+    }
+    t->index = run.n_tasks_++;
+    run.outstanding_.fetch_add(1, std::memory_order_relaxed);
+    for (size_t i = 0; i < tensors.size(); ++i) {
+      const TensorArg& a = tensors[i];
+      if (a.alloc_id != 0 && a.end > a.begin) tracker_.access(t, a.alloc_id, a.begin, a.end, access[i]);
+    }
+    if (++submits_since_compact_ >= kCompactEvery) {
+      submits_since_compact_ = 0;
+      tracker_.compact();
+    }
+  }
+  tasks_submitted_.fetch_add(1, std::memory_order_relaxed);
+  if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);
+}
+
+void Engine::submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base) {
+  auto task = std::make_unique<Task>();
+  task->op = Task::Op::CopyBack;
+  task->copy_base = device_base;
+  task->run = &run;
+  task->run_id = run.id();
+  Task* t = task.release();
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (closed() || run.sealed()) {
+      delete t;
+      if (closed()) throw ClosedError("the engine is closed");
+      throw InvalidArgument("run " + std::to_string(run.id()) + " is sealed: no more tasks");
+    }
+    t->index = run.n_tasks_++;
+    run.outstanding_.fetch_add(1, std::memory_order_relaxed);
+    if (arg.alloc_id != 0 && arg.end > arg.begin) tracker_.access(t, arg.alloc_id, arg.begin, arg.end, TD_READ);
+  }
+  tasks_submitted_.fetch_add(1, std::memory_order_relaxed);
+  if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);
+}
+
+void Engine::seal(Run& run) {
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (run.sealed()) return;
+    run.sealed_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> rlock(run.mu_);
+    run.sealed_ns_ = now_ns();
+  }
+  if (run.outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_run(run);
+}
+
+void Engine::enqueue_ready(std::vector<Task*>& ready) {
+  pool_->push(ready);
+  ready.clear();
+}
+
+Task* Engine::run_task(Task* t, int worker) {
+  Run& run = *t->run;
+  const bool skip = run.cancelled() || run.failed();
+  if (skip) {
+    tasks_skipped_.fetch_add(1, std::memory_order_relaxed);
+  } else {
+    const int64_t t0 = now_ns();
+    int rc = 0;
+    std::string err;
+    if (t->op == Task::Op::Kernel) {
+      td_args args{};
+      args.tensors = t->tensors.data();
+      args.n_tensors = static_cast<int32_t>(t->tensors.size());
+      args.scalars = t->scalars.data();
+      args.n_scalars = static_cast<int32_t>(t->scalars.size());
+      args.worker = worker;
+      try {
+        rc = invoke_kernel(*t->kernel, args, err);
+      } catch (const std::exception& e) {
+        rc = 1;
+        err = e.what();
+      }
+    } else {
+      try {
+        if (!run.accessor_) throw InvalidArgument("copy-back without an attached accessor");
+        run.accessor_->copy_back(t->copy_base);
+      } catch (const std::exception& e) {
+        rc = 1;
+        err = e.what();
+      }
+    }
+    const int64_t t1 = now_ns();
+    run.busy_ns_.fetch_add(t1 - t0, std::memory_order_relaxed);
+    int64_t expected = -1;
+    run.first_start_ns_.compare_exchange_strong(expected, t0, std::memory_order_relaxed);
+    int64_t last = run.last_end_ns_.load(std::memory_order_relaxed);
+    while (last < t1 && !run.last_end_ns_.compare_exchange_weak(last, t1, std::memory_order_relaxed)) {
+    }
+    tasks_executed_.fetch_add(1, std::memory_order_relaxed);
+    const std::string& kname = t->op == Task::Op::Kernel ? t->kernel->name : std::string("copy_back");
+    if (rc != 0) run.record_failure(t->index, kname, err);
+    if (tracing_.load(std::memory_order_relaxed)) {
+      std::lock_guard<std::mutex> lock(trace_mu_);
+      trace_.push_back(TraceEvent{run.id(), t->index, worker, t0, t1, kname, rc == 0});
+    }
+  }
+
+  std::vector<Task*> ready;
+  task_complete(t, ready);
+  Task* next = nullptr;
+  if (!ready.empty()) {
+    next = ready.front();
+    if (ready.size() > 1) {
+      std::vector<Task*> rest(ready.begin() + 1, ready.end());
+      pool_->push(rest);
+    }
+  }
+  const bool run_done = run.outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1;
+  task_unref(t);
+  if (run_done) finish_run(run);
+  return next;
+}
+
+void Engine::finish_run(Run& run) {
+  run.finish(now_ns());
+  runs_completed_.fetch_add(1, std::memory_order_relaxed);
+  if (run.notify()) notifier_.push(run.id());
+  std::shared_ptr<Run> keep;  // the run may die with its live-table entry: release it last
+  {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    auto it = live_.find(run.id());
+    if (it != live_.end()) {
+      keep = std::move(it->second);
+      live_.erase(it);
+    }
+  }
+  live_cv_.notify_all();
+}
+
+std::shared_ptr<Run> Engine::find_live(uint64_t id) {
+  std::lock_guard<std::mutex> lock(live_mu_);
+  auto it = live_.find(id);
+  return it == live_.end() ? nullptr : it->second;
+}
+
+void Engine::quiesce(uint64_t alloc_id) {
+  std::vector<uint64_t> ids;
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    ids = tracker_.busy_runs(alloc_id);
+  }
+  for (uint64_t id : ids) {
+    if (auto run = find_live(id)) run->wait(-1);
+  }
+}
+
+void Engine::forget_allocation(uint64_t alloc_id) {
+  std::lock_guard<std::mutex> lock(submit_mu_);
+  tracker_.forget(alloc_id);
+}
+
+void Engine::close(bool cancel_pending) {
+  std::lock_guard<std::mutex> close_lock(close_mu_);
+  {
+    // Under both locks, so no submit or begin_run slips in after the flag.
+    std::lock_guard<std::mutex> slock(submit_mu_);
+    std::lock_guard<std::mutex> llock(live_mu_);
+    closed_.store(true, std::memory_order_release);
+  }
+  std::vector<std::shared_ptr<Run>> runs;
+  {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    for (auto& kv : live_) runs.push_back(kv.second);
+  }
+  for (auto& run : runs) {
+    if (cancel_pending) run->cancel();
+    seal(*run);  // an orchestration cut short by close still completes
+  }
+  runs.clear();
+  {
+    std::unique_lock<std::mutex> lock(live_mu_);
+    live_cv_.wait(lock, [this] { return live_.empty(); });
+  }
+  if (pool_) pool_->stop();
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    tracker_.compact();
+  }
+}
+
+std::vector<TraceEvent> Engine::drain_trace() {
+  std::lock_guard<std::mutex> lock(trace_mu_);
+  std::vector<TraceEvent> out;
+  out.swap(trace_);
+  return out;
+}
+
+EngineStats Engine::stats() const {
+  EngineStats s;
+  s.tasks_submitted = tasks_submitted_.load();
+  s.tasks_executed = tasks_executed_.load();
+  s.tasks_skipped = tasks_skipped_.load();
+  s.runs_started = runs_started_.load();
+  s.runs_completed = runs_completed_.load();
+  {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    s.runs_live = live_.size();
+  }
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    s.tracker_records = tracker_.record_count();
+    s.tracker_allocations = tracker_.allocation_count();
+  }
+  s.queued = pool_ ? pool_->queued() : 0;
+  s.workers = pool_ ? pool_->size() : 0;
+  return s;
+}
+
+}  // namespace tandem

@@ -1,0 +1,201 @@
+#include "tandem/task_graph.hpp"
+
+#include <algorithm>
+
+#include "tandem/engine.hpp"
+
+namespace tandem {
+
+void task_complete(Task* t, std::vector<Task*>& ready) {
+  std::vector<Task*> dependents;
+  t->lock.lock();
+  t->finished.store(true, std::memory_order_release);
+  dependents.swap(t->dependents);
+  t->lock.unlock();
+  for (Task* d : dependents) {
+    if (d->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) ready.push_back(d);
+  }
+}
+
+// --- Run -------------------------------------------------------------------
+
+Run::Run(Engine* engine, uint64_t id, bool notify, int64_t created_ns)
+    : engine_(engine), id_(id), notify_(notify), created_ns_(created_ns) {}
+
+bool Run::cancel() {
+  if (done()) return false;
+  cancelled_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool Run::wait(double timeout_s) {
+  std::unique_lock<std::mutex> lock(mu_);
+  auto is_done = [this] { return done_.load(std::memory_order_acquire); };
+  if (timeout_s < 0) {
+    cv_.wait(lock, is_done);
+    return true;
+  }
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), is_done);
+}
+
+RunFailure Run::failure() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return failure_;
+}
+
+RunTimes Run::times() const {
+  RunTimes t;
+  std::lock_guard<std::mutex> lock(mu_);
+  t.created_ns = created_ns_;
+  t.sealed_ns = sealed_ns_;
+  t.first_start_ns = first_start_ns_.load(std::memory_order_relaxed);
+  t.last_end_ns = last_end_ns_.load(std::memory_order_relaxed);
+  t.done_ns = done_ns_;
+  t.busy_ns = busy_ns_.load(std::memory_order_relaxed);
+  return t;
+}
+
+void Run::attach_accessor(std::shared_ptr<HostAccessor> accessor) { accessor_ = std::move(accessor); }
+
+void Run::record_failure(uint32_t task_index, const std::string& kernel, const std::string& message) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (failed_.load(std::memory_order_relaxed)) return;  // the first failure is the run's error
+  failure_.task_index = static_cast<int32_t>(task_index);
+  failure_.kernel = kernel;
+  failure_.message = message;
+  failed_.store(true, std::memory_order_release);
+}
+
+void Run::finish(int64_t now_ns) {
+  if (accessor_) accessor_->close();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    done_ns_ = now_ns;
+    done_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+}
+
+// --- DependencyTracker -------------------------------------------------------
+
+namespace {
+inline bool overlaps(uint64_t b0, uint64_t e0, uint64_t b1, uint64_t e1) { return b0 < e1 && b1 < e0; }
+
+inline bool is_finished(const Task* t) { return t->finished.load(std::memory_order_acquire); }
+
+// Adds the edge dep -> t unless dep has already finished.
+inline void add_edge(Task* dep, Task* t) {
+  dep->lock.lock();
+  if (!dep->finished.load(std::memory_order_relaxed)) {
+    dep->dependents.push_back(t);
+    t->pending.fetch_add(1, std::memory_order_relaxed);
+  }
+  dep->lock.unlock();
+}
+}  // namespace
+
+DependencyTracker::~DependencyTracker() {
+  for (auto& kv : by_alloc_) {
+    for (auto& r : kv.second.reads) task_unref(r.task);
+    for (auto& r : kv.second.writes) task_unref(r.task);
+  }
+}
+
+size_t DependencyTracker::compact_list(std::vector<Record>& list) {
+  size_t removed = 0;
+  auto keep_end = std::remove_if(list.begin(), list.end(), [&](const Record& r) {
+    if (!is_finished(r.task)) return false;
+    task_unref(r.task);
+    ++removed;
+    return true;
+  });
+  list.erase(keep_end, list.end());
+  records_ -= removed;
+  return removed;
+}
+
+size_t DependencyTracker::remove_covered(std::vector<Record>& list, uint64_t begin, uint64_t end,
+                                         const Task* keep) {
+  // A record wholly covered by a new write is redundant: anything that would
+  // conflict with it also conflicts with the new write, which is ordered after it.
+  size_t removed = 0;
+  auto keep_end = std::remove_if(list.begin(), list.end(), [&](const Record& r) {
+    if (r.task == keep) return false;
+    if (!(begin <= r.begin && r.end <= end) && !is_finished(r.task)) return false;
+    task_unref(r.task);
+    ++removed;
+    return true;
+  });
+  list.erase(keep_end, list.end());
+  records_ -= removed;
+  return removed;
+}
+
+void DependencyTracker::access(Task* t, uint64_t alloc, uint64_t begin, uint64_t end, int32_t mode) {
+  Lists& lists = by_alloc_[alloc];
+  const bool writes = (mode & TD_WRITE) != 0;
+  Task* last = nullptr;  // skip immediate duplicate edges
+  for (const Record& r : lists.writes) {
+    if (r.task != t && r.task != last && overlaps(begin, end, r.begin, r.end) && !is_finished(r.task)) {
+      add_edge(r.task, t);
+      last = r.task;
+    }
+  }
+  if (writes) {
+    for (const Record& r : lists.reads) {
+      if (r.task != t && r.task != last && overlaps(begin, end, r.begin, r.end) && !is_finished(r.task)) {
+        add_edge(r.task, t);
+        last = r.task;
+      }
+    }
+    remove_covered(lists.writes, begin, end, t);
+    remove_covered(lists.reads, begin, end, t);
+  }
+  std::vector<Record>& list = writes ? lists.writes : lists.reads;
+  size_t& compact_at = writes ? lists.writes_compact_at : lists.reads_compact_at;
+  t->refs.fetch_add(1, std::memory_order_relaxed);
+  list.push_back(Record{begin, end, t});
+  ++records_;
+  if (list.size() >= compact_at) {
+    compact_list(list);
+    compact_at = std::max<size_t>(16, 2 * list.size());
+  }
+}
+
+size_t DependencyTracker::compact() {
+  for (auto it = by_alloc_.begin(); it != by_alloc_.end();) {
+    compact_list(it->second.reads);
+    compact_list(it->second.writes);
+    if (it->second.reads.empty() && it->second.writes.empty()) {
+      it = by_alloc_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return records_;
+}
+
+void DependencyTracker::forget(uint64_t alloc) {
+  auto it = by_alloc_.find(alloc);
+  if (it == by_alloc_.end()) return;
+  for (auto& r : it->second.reads) task_unref(r.task);
+  for (auto& r : it->second.writes) task_unref(r.task);
+  records_ -= it->second.reads.size() + it->second.writes.size();
+  by_alloc_.erase(it);
+}
+
+std::vector<uint64_t> DependencyTracker::busy_runs(uint64_t alloc) const {
+  std::vector<uint64_t> runs;
+  auto it = by_alloc_.find(alloc);
+  if (it == by_alloc_.end()) return runs;
+  for (const auto* list : {&it->second.reads, &it->second.writes}) {
+    for (const Record& r : *list) {
+      if (!is_finished(r.task) && std::find(runs.begin(), runs.end(), r.task->run_id) == runs.end()) {
+        runs.push_back(r.task->run_id);
+      }
+    }
+  }
+  return runs;
+}
+
+}  // namespace tandem

@@ -1,0 +1,449 @@
+"""The task graph, dependency tracking, worker pool and notifier of engine._native."""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from engine import _native
+
+from .graph_helpers import READ, READWRITE, WRITE, RandomGraph, arg, read_vec, user_kernel_library, write_vec
+
+
+@pytest.fixture
+def device():
+    return _native.Device(0)
+
+
+@pytest.fixture
+def eng(device):
+    e = _native.Engine(device, 2)
+    yield e
+    e.close(True)
+
+
+@pytest.fixture
+def kernels(eng):
+    lib = user_kernel_library()
+    return {
+        "fill": eng.kernel("fill"),
+        "copy": eng.kernel("copy"),
+        "add_one": eng.load_kernel(lib, "user_add_one"),
+        "fail": eng.load_kernel(lib, "user_fail"),
+        "noop": eng.kernel("noop"),
+        "spin": eng.kernel("spin"),
+    }
+
+
+class Recorder:
+    """Host kernels that log (name, phase) so tests can observe execution order."""
+
+    def __init__(self, eng):
+        self.log: list[tuple[str, str]] = []
+        self.lock = threading.Lock()
+        self.eng = eng
+        self.count = 0
+
+    def kernel(self, name: str, delay: float = 0.0):
+        self.count += 1
+
+        def fn(*arrays):
+            with self.lock:
+                self.log.append((name, "start"))
+            if delay:
+                time.sleep(delay)  # releases the GIL, so a wrongly unordered task could interleave
+            with self.lock:
+                self.log.append((name, "end"))
+
+        return self.eng.register_host_kernel(f"rec_{name}_{self.count}", fn)
+
+    def ended_before_started(self, a: str, b: str) -> bool:
+        return self.log.index((a, "end")) < self.log.index((b, "start"))
+
+
+@pytest.mark.parametrize(
+    "first,second",
+    [(WRITE, READ), (READ, WRITE), (WRITE, WRITE), (READWRITE, READ), (READ, READWRITE)],
+    ids=["RAW", "WAR", "WAW", "RW-then-R", "R-then-RW"],
+)
+def test_conflicting_accesses_run_in_submission_order(device, eng, first, second):
+    buf = device.alloc(1024)
+    rec = Recorder(eng)
+    a, b = rec.kernel("a", delay=0.05), rec.kernel("b")
+    run = eng.begin_run()
+    eng.submit(run, a, [arg(buf, 0, 128)], [first])
+    eng.submit(run, b, [arg(buf, 64, 128)], [second])  # overlaps a's bytes 256..512
+    eng.seal(run)
+    assert run.wait(10)
+    assert rec.ended_before_started("a", "b")
+
+
+def test_reads_of_the_same_bytes_and_disjoint_writes_run_concurrently(device, eng):
+    buf = device.alloc(1024)
+    barrier = threading.Barrier(2, timeout=5)
+
+    def meet(*arrays):
+        barrier.wait()  # both must be running at once, or this times out
+
+    k = eng.register_host_kernel("meet", meet)
+    for tags in [(READ, READ), (WRITE, WRITE)]:
+        run = eng.begin_run()
+        eng.submit(run, k, [arg(buf, 0, 64)], [tags[0]])
+        eng.submit(run, k, [arg(buf, 0 if tags[0] == READ else 64, 64)], [tags[1]])
+        eng.seal(run)
+        assert run.wait(10)
+        assert not run.failed, run.failure()
+
+
+def test_runs_sharing_memory_are_ordered_across_runs(device, eng):
+    rec = Recorder(eng)
+    buf = device.alloc(256)
+    w, r = rec.kernel("writer", delay=0.05), rec.kernel("reader")
+    run1, run2 = eng.begin_run(), eng.begin_run()
+    eng.submit(run1, w, [arg(buf)], [WRITE])
+    eng.submit(run2, r, [arg(buf)], [READ])
+    eng.seal(run2)
+    eng.seal(run1)
+    assert run1.wait(10) and run2.wait(10)
+    assert rec.ended_before_started("writer", "reader")
+
+
+def test_runs_over_disjoint_memory_execute_concurrently(device, eng):
+    bufs = [device.alloc(256), device.alloc(256)]
+    eng.set_tracing(True)
+    runs = []
+    for b in bufs:
+        run = eng.begin_run()
+        eng.submit(run, eng.kernel("spin"), [arg(b)], [WRITE], [30_000_000])
+        eng.seal(run)
+        runs.append(run)
+    for run in runs:
+        assert run.wait(10)
+    events = sorted(eng.drain_trace(), key=lambda e: e[3])
+    assert len(events) == 2
+    assert events[1][3] < events[0][4], "the second run's task should start before the first's ends"
+    assert {e[2] for e in events} == {0, 1}
+
+
+def test_random_graphs_in_concurrent_runs_match_a_sequential_reference(device, eng, kernels):
+    rng = random.Random(1234)
+    nbufs, size = 5, 96
+    bufs = [device.alloc(4 * size) for _ in range(nbufs)]
+    state = [np.arange(size, dtype=np.float32) * (i + 1) for i in range(nbufs)]
+    for b, s in zip(bufs, state):
+        write_vec(device, b, s)
+    runs = []
+    for _ in range(60):  # all submitted back to back: many runs in flight at once
+        g = RandomGraph.make(rng, nbufs, size, nops=rng.randint(1, 25))
+        run = eng.begin_run()
+        g.submit(eng, run, bufs, kernels)
+        eng.seal(run)
+        g.reference(state)
+        runs.append(run)
+    for run in runs:
+        assert run.wait(30)
+        assert not run.failed, run.failure()
+    for b, s in zip(bufs, state):
+        np.testing.assert_array_equal(read_vec(device, b), s)
+
+
+def test_random_graphs_from_several_threads_on_disjoint_buffers(device, eng, kernels):
+    def worker(seed: int, errors: list) -> None:
+        rng = random.Random(seed)
+        bufs = [device.alloc(4 * 48) for _ in range(3)]
+        state = [np.full(48, seed, np.float32) for _ in range(3)]
+        for b, s in zip(bufs, state):
+            write_vec(device, b, s)
+        runs = []
+        for _ in range(30):
+            g = RandomGraph.make(rng, 3, 48, nops=10)
+            run = eng.begin_run()
+            g.submit(eng, run, bufs, kernels)
+            eng.seal(run)
+            g.reference(state)
+            runs.append(run)
+        for run in runs:
+            run.wait(30)
+        try:
+            for b, s in zip(bufs, state):
+                np.testing.assert_array_equal(read_vec(device, b), s)
+        except AssertionError as e:
+            errors.append(e)
+
+    errors: list = []
+    threads = [threading.Thread(target=worker, args=(s, errors)) for s in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors
+
+
+def test_early_tasks_start_before_the_run_is_sealed(device, eng, kernels):
+    buf = device.alloc(64)
+    run = eng.begin_run()
+    eng.submit(run, kernels["fill"], [arg(buf)], [WRITE], [3.0])
+    deadline = time.monotonic() + 10
+    while eng.stats()["tasks_executed"] < 1 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    assert eng.stats()["tasks_executed"] == 1
+    assert not run.done  # not sealed yet: the run cannot be complete
+    eng.seal(run)
+    assert run.wait(10)
+    assert (read_vec(device, buf) == 3.0).all()
+
+
+def test_failing_kernel_fails_only_its_run(device, eng, kernels):
+    a, b = device.alloc(64), device.alloc(64)
+    bad = eng.begin_run()
+    eng.submit(bad, kernels["fill"], [arg(a)], [WRITE], [1.0])
+    eng.submit(bad, kernels["fail"], [arg(a)], [READWRITE])
+    eng.submit(bad, kernels["fill"], [arg(a)], [WRITE], [2.0])  # skipped: after the failure
+    eng.seal(bad)
+    good = eng.begin_run()
+    eng.submit(good, kernels["fill"], [arg(b)], [WRITE], [5.0])
+    eng.seal(good)
+    assert bad.wait(10) and good.wait(10)
+    assert bad.failed and not good.failed
+    index, kernel, message = bad.failure()
+    assert index == 1 and kernel == "user_fail" and "failing on purpose" in message
+    assert (read_vec(device, a) == 1.0).all(), "tasks after the failure must be skipped"
+    assert (read_vec(device, b) == 5.0).all()
+    # the pool carries on
+    again = eng.begin_run()
+    eng.submit(again, kernels["fill"], [arg(a)], [WRITE], [7.0])
+    eng.seal(again)
+    assert again.wait(10) and not again.failed
+    assert (read_vec(device, a) == 7.0).all()
+
+
+def test_python_host_task_raising_fails_its_run_with_the_message(device, eng):
+    def boom(x):
+        raise ZeroDivisionError("host task blew up")
+
+    k = eng.register_host_kernel("boom", boom)
+    run = eng.begin_run()
+    eng.submit(run, k, [arg(device.alloc(16))], [READ])
+    eng.seal(run)
+    assert run.wait(10)
+    index, kernel, message = run.failure()
+    assert (index, kernel) == (0, "boom") and "host task blew up" in message
+
+
+def test_host_task_sees_device_memory_as_numpy(device, eng, kernels):
+    buf = device.alloc(4 * 8)
+    write_vec(device, buf, np.arange(8))
+    seen = []
+
+    def double(x, scale):
+        assert not x.flags.writeable or True
+        x *= scale
+        seen.append(x.copy())
+
+    k = eng.register_host_kernel("double", double)
+    run = eng.begin_run()
+    eng.submit(run, k, [arg(buf)], [READWRITE], [2])
+    eng.seal(run)
+    assert run.wait(10) and not run.failed, run.failure()
+    np.testing.assert_array_equal(read_vec(device, buf), np.arange(8) * 2)
+
+
+def test_cancel_skips_tasks_not_started(device, eng, kernels):
+    buf = device.alloc(64)
+    run = eng.begin_run()
+    eng.submit(run, kernels["spin"], [arg(buf)], [WRITE], [50_000_000])
+    for v in range(20):
+        eng.submit(run, kernels["fill"], [arg(buf)], [WRITE], [float(v)])
+    eng.seal(run)
+    assert run.cancel()
+    assert run.wait(10)
+    assert run.cancelled
+    assert eng.stats()["tasks_skipped"] >= 20
+    assert not run.cancel()  # already done
+
+
+def test_workers_run_while_the_caller_holds_the_gil(device, eng, kernels):
+    run = eng.begin_run()
+    eng.submit(run, kernels["spin"], [], [], [20_000_000])
+    eng.seal(run)
+    deadline = time.monotonic() + 10
+    while not run.done and time.monotonic() < deadline:
+        pass  # pure Python spin: never releases the GIL voluntarily
+    assert run.done
+
+
+def test_notifier_fd_one_wakeup_delivers_every_completed_run(device, eng, kernels):
+    fd = eng.notifier_fd
+    r, _, _ = select.select([fd], [], [], 0)
+    assert not r
+    runs = []
+    for _ in range(10):
+        run = eng.begin_run(notify=True)
+        eng.submit(run, kernels["noop"], [], [])
+        eng.seal(run)
+        runs.append(run)
+    for run in runs:
+        assert run.wait(10)
+    r, _, _ = select.select([fd], [], [], 5)
+    assert r == [fd]
+    assert sorted(eng.drain_completed()) == sorted(run.id for run in runs)
+    r, _, _ = select.select([fd], [], [], 0)
+    assert not r, "drain resets the fd"
+    assert eng.drain_completed() == []
+    silent = eng.begin_run()  # notify=False runs never reach the notifier
+    eng.seal(silent)
+    assert silent.wait(1)
+    assert not eng.wait_completed(0.01)
+
+
+def test_wait_completed_blocks_until_a_run_completes(device, eng, kernels):
+    run = eng.begin_run(notify=True)
+    eng.submit(run, kernels["spin"], [], [], [5_000_000])
+    eng.seal(run)
+    assert eng.wait_completed(10)
+    assert eng.drain_completed() == [run.id]
+
+
+def test_close_drains_queued_work(device, kernels):
+    e = _native.Engine(device, 1)
+    buf = device.alloc(64)
+    spin = e.kernel("spin")
+    runs = []
+    for _ in range(20):
+        run = e.begin_run()
+        e.submit(run, spin, [arg(buf)], [READWRITE], [1_000_000])
+        e.seal(run)
+        runs.append(run)
+    e.close()
+    assert all(r.done and not r.cancelled for r in runs)
+    stats = e.stats()
+    assert stats["tasks_executed"] == 20 and stats["workers"] == 0 and stats["runs_live"] == 0
+    with pytest.raises(_native.ClosedError):
+        e.begin_run()
+    e.close()  # idempotent
+
+
+def test_close_with_cancel_skips_queued_work_and_seals_open_runs(device):
+    e = _native.Engine(device, 1)
+    buf = device.alloc(64)
+    runs = []
+    for _ in range(50):
+        run = e.begin_run()
+        e.submit(run, e.kernel("spin"), [arg(buf)], [READWRITE], [2_000_000])
+        e.seal(run)
+        runs.append(run)
+    open_run = e.begin_run()
+    e.submit(open_run, e.kernel("noop"), [], [])
+    e.close(True)
+    assert all(r.done and r.cancelled for r in runs + [open_run])
+    stats = e.stats()
+    assert stats["tasks_executed"] + stats["tasks_skipped"] == 51
+    assert stats["tasks_skipped"] >= 40, "cancelled work must not run"
+    with pytest.raises(_native.ClosedError):
+        e.submit(open_run, e.kernel("noop"), [], [])
+
+
+def test_close_from_several_threads(device):
+    e = _native.Engine(device, 2)
+    run = e.begin_run()
+    e.submit(run, e.kernel("spin"), [], [], [20_000_000])
+    e.seal(run)
+    threads = [threading.Thread(target=e.close) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert run.done and e.closed
+
+
+def test_bookkeeping_does_not_grow_over_100k_tasks(device, eng, kernels):
+    bufs = [device.alloc(256) for _ in range(4)]
+    args = [arg(b) for b in bufs]
+    noop = kernels["noop"]
+    peak = 0
+    for i in range(1000):
+        run = eng.begin_run()
+        for j in range(100):
+            k = (i + j) % 4
+            eng.submit(run, noop, [args[k], args[(k + 1) % 4]], [READ, WRITE])
+        eng.seal(run)
+        if i % 50 == 0:
+            peak = max(peak, eng.stats()["tracker_records"])
+            run.wait(10)
+    run.wait(30)
+    stats = eng.stats()
+    assert stats["tasks_submitted"] == 100_000
+    assert stats["runs_live"] == 0
+    assert peak < 5_000 and stats["tracker_records"] < 5_000
+
+
+def test_user_library_kernels(device, eng, kernels):
+    src, dst = device.alloc(4 * 5), device.alloc(4 * 5)
+    write_vec(device, src, np.arange(5))
+    run = eng.begin_run()
+    eng.submit(run, kernels["add_one"], [arg(src), arg(dst)], [READ, WRITE])
+    eng.seal(run)
+    assert run.wait(10) and not run.failed
+    np.testing.assert_array_equal(read_vec(device, dst), np.arange(5) + 1)
+    with pytest.raises(ValueError, match="no symbol 'nope'"):
+        eng.load_kernel(user_kernel_library(), "nope")
+    with pytest.raises(ValueError, match="cannot load kernel library"):
+        eng.load_kernel("/nonexistent/libx.so", "f")
+    with pytest.raises(ValueError, match="already registered"):
+        eng.load_kernel(user_kernel_library(), "user_add_one")
+
+
+def test_submit_rejects_bad_arguments_and_keeps_the_engine_usable(device, eng, kernels):
+    run = eng.begin_run()
+    with pytest.raises(ValueError, match="access tags"):
+        eng.submit(run, kernels["noop"], [arg(device.alloc(16))], [])
+    with pytest.raises(ValueError, match="not read, write or read-write"):
+        eng.submit(run, kernels["noop"], [arg(device.alloc(16))], [9])
+    with pytest.raises(TypeError, match="scalar"):
+        eng.submit(run, kernels["noop"], [], [], ["x"])
+    with pytest.raises(ValueError, match="unknown kernel"):
+        eng.kernel("nope")
+    eng.seal(run)
+    with pytest.raises(ValueError, match="sealed"):
+        eng.submit(run, kernels["noop"], [], [])
+    assert run.wait(5) and run.task_count == 0
+
+
+def test_copy_back_through_the_runs_accessor(device, eng, kernels):
+    buf = device.alloc(4 * 16)
+    host = np.zeros(16, np.float32)
+    acc = _native.HostAccessor(device)
+    acc.add(buf.addr, buf.size, host)
+    run = eng.begin_run()
+    run.attach_accessor(acc)
+    eng.submit(run, kernels["fill"], [arg(buf)], [WRITE], [4.5])
+    eng.submit_copy_back(run, arg(buf), buf.addr)
+    eng.seal(run)
+    assert run.wait(10) and not run.failed, run.failure()
+    assert (host == 4.5).all()
+    assert acc.mapping_count() == 0, "the run closes its accessor when it completes"
+    assert device.stats()["mapped_regions"] == 0
+
+
+def test_run_times_are_ordered(device, eng, kernels):
+    run = eng.begin_run()
+    eng.submit(run, kernels["spin"], [], [], [2_000_000])
+    eng.seal(run)
+    run.wait(10)
+    t = run.times()
+    assert t["created_ns"] <= t["first_start_ns"] <= t["last_end_ns"] <= t["done_ns"]
+    assert t["busy_ns"] >= 2_000_000
+
+
+def test_default_worker_count_is_cores_minus_one(device):
+    e = _native.Engine(device, 0)
+    try:
+        assert e.workers == max(1, (os.cpu_count() or 1) - 1)
+    finally:
+        e.close()
