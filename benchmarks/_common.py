@@ -1,0 +1,82 @@
+"""Shared plumbing for the benchmarks: repetitions, medians, environment, JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import statistics
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def repeat(fn: Callable[[], float], reps: int, warmup: int = 1) -> dict[str, float]:
+    """Runs fn (which returns one measurement) warmup + reps times; median and spread."""
+    for _ in range(warmup):
+        fn()
+    values = [fn() for _ in range(reps)]
+    return {
+        "median": statistics.median(values),
+        "min": min(values),
+        "max": max(values),
+        "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
+        "reps": reps,
+    }
+
+
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, timeout=5).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def environment() -> dict[str, Any]:
+    import numpy
+
+    env: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+        "numpy": numpy.__version__,
+        "commit": git_commit(),
+        "date": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
+    try:
+        import torch
+
+        env["torch"] = torch.__version__
+    except ImportError:
+        env["torch"] = None
+    return env
+
+
+def write_json(name: str, figures: dict[str, Any], path: str | os.PathLike[str] | None = None) -> Path:
+    out = Path(path) if path else RESULTS_DIR / f"{name}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": name, "environment": environment(), "figures": figures}, indent=2))
+    return out
+
+
+def print_table(headers: list[str], rows: list[list[Any]]) -> None:
+    cells = [[f"{c:.3g}" if isinstance(c, float) else str(c) for c in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    print("  ".join(h.ljust(w) for h, w in zip(headers, widths)))
+    print("  ".join("-" * w for w in widths))
+    for r in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))

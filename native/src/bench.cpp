@@ -1,0 +1,46 @@
+#include "tandem/bench.hpp"
+
+#include <chrono>
+
+#include "tandem/errors.hpp"
+
+namespace tandem {
+
+GraphBenchResult bench_noop_graph(Engine& engine, const std::string& shape, uint64_t n) {
+  if (shape != "wide" && shape != "chain") throw InvalidArgument("shape must be 'wide' or 'chain', not '" + shape + "'");
+  KernelPtr noop = engine.registry().get("noop");
+  BufferRef buf = engine.device()->alloc(64);
+  std::vector<TensorArg> args;
+  std::vector<int32_t> access;
+  if (shape == "chain") {
+    TensorArg a;
+    a.view.data = reinterpret_cast<void*>(buf.addr);
+    a.view.dtype = TD_FLOAT32;
+    a.view.ndim = 1;
+    a.view.shape[0] = 16;
+    a.view.strides[0] = 1;
+    a.alloc_id = buf.id;
+    a.begin = 0;
+    a.end = 64;
+    args.push_back(a);
+    access.push_back(TD_READWRITE);
+  }
+  GraphBenchResult r;
+  r.tasks = n;
+  using clock = std::chrono::steady_clock;
+  auto run = engine.begin_run(false);
+  const auto t0 = clock::now();
+  for (uint64_t i = 0; i < n; ++i) engine.submit(*run, noop, args, access, {});
+  const auto t1 = clock::now();
+  engine.seal(*run);
+  run->wait(-1);
+  const auto t2 = clock::now();
+  engine.quiesce(buf.id);
+  engine.forget_allocation(buf.id);
+  engine.device()->free(buf);
+  r.submit_seconds = std::chrono::duration<double>(t1 - t0).count();
+  r.total_seconds = std::chrono::duration<double>(t2 - t0).count();
+  return r;
+}
+
+}  // namespace tandem
