@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <mutex>
 #include <vector>
 
 #include "tandem/device.hpp"
@@ -13,7 +14,8 @@ namespace tandem {
 
 class HostAccessor {
  public:
-  // A null device admits no region.
+  // A null device admits no region. The device is not owned: it must outlive
+  // the accessor (the engine and the bindings hold it by shared_ptr).
   explicit HostAccessor(Device* device);
   ~HostAccessor();  // calls close()
   HostAccessor(const HostAccessor&) = delete;
@@ -22,6 +24,7 @@ class HostAccessor {
   // Registers [device_base, device_base + size) <-> host_view[0, size).
   // The region must lie inside one live allocation of the device and must not
   // overlap a region already registered here. size > 0, host_view non-null.
+  // host_view is borrowed: the caller keeps it valid while mapped.
   void add(uintptr_t device_base, size_t size, void* host_view);
 
   // Device -> dst and src -> device. The span must lie wholly inside one
@@ -44,11 +47,16 @@ class HostAccessor {
     uintptr_t device_base;
     size_t size;
     void* host_view;
+    BufferRef alloc;  // the allocation holding the region, re-checked on every copy
   };
-  const Mapping& find_span(uintptr_t addr, size_t nbytes) const;
-  const Mapping& find_base(uintptr_t device_base) const;
+  // Both return a copy, so the transfer itself runs without the table lock.
+  Mapping find_span(uintptr_t addr, size_t nbytes) const;
+  Mapping find_base(uintptr_t device_base) const;
 
-  Device* device_;
+  Device* const device_;
+  // Guards the table only; the bindings release the GIL, so Python threads can
+  // reach one accessor concurrently.
+  mutable std::mutex mu_;
   std::vector<Mapping> mappings_;
 };
 

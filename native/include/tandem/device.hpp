@@ -2,10 +2,11 @@
 // One object per device; two devices in one process share nothing.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <map>
-#include <mutex>
+#include <shared_mutex>
 
 #include "tandem/errors.hpp"
 
@@ -33,16 +34,21 @@ struct DeviceStats {
   size_t mapped_regions = 0;    // host-accessor mappings currently registered
 };
 
+// Thread-safe. Copies hold the device lock shared (they run in parallel, and a
+// concurrent free cannot release memory under a running copy); alloc, free and
+// note_mapped hold it exclusively.
 class Device {
  public:
+  // capacity: the most bytes allocated at once; 0 means unlimited.
   explicit Device(size_t capacity = 0);
-  ~Device();
+  ~Device();  // frees every allocation still live
   Device(const Device&) = delete;
   Device& operator=(const Device&) = delete;
 
   uint64_t uid() const { return uid_; }
 
-  // nbytes > 0; align a power of two >= alignof(max_align_t).
+  // nbytes > 0; align a power of two (below alignof(max_align_t) it is
+  // rounded up, which still satisfies the request).
   // Throws DeviceMemoryError past the capacity (the device stays usable).
   BufferRef alloc(size_t nbytes, size_t align = 64);
 
@@ -51,9 +57,10 @@ class Device {
   void free(const BufferRef& buf);
 
   // Copies check provenance of the handle and that [offset, offset+nbytes)
-  // lies inside the allocation.
+  // lies inside the allocation; on error nothing is copied.
   void copy_h2d(const BufferRef& dst, size_t dst_offset, const void* src, size_t nbytes);
   void copy_d2h(void* dst, const BufferRef& src, size_t src_offset, size_t nbytes);
+  // Overlapping spans (within one allocation) are allowed.
   void copy_d2d(const BufferRef& dst, size_t dst_offset, const BufferRef& src, size_t src_offset,
                 size_t nbytes);
 
@@ -63,7 +70,8 @@ class Device {
   // InvalidArgument saying why not (outside any allocation, or overrunning one).
   BufferRef resolve(uintptr_t addr, size_t nbytes) const;
 
-  // Bookkeeping of host-accessor mappings, so leaks are observable.
+  // Bookkeeping of host-accessor mappings, so leaks are observable. A delta
+  // that would take the count below zero throws InvalidArgument.
   void note_mapped(long delta);
 
   DeviceStats stats() const;
@@ -74,14 +82,23 @@ class Device {
     size_t size;
     void* raw;  // what the system allocator returned
   };
+  using Table = std::map<uintptr_t, Allocation>;  // keyed by base address
+
   void check_locked(const BufferRef& buf) const;
-  void check_span_locked(const BufferRef& buf, size_t offset, size_t nbytes) const;
+  void check_span_locked(const BufferRef& buf, size_t offset, size_t nbytes, const char* what) const;
+  // The live allocation whose [base, base + size) contains addr, or end().
+  Table::const_iterator owner_locked(uintptr_t addr) const;
+  bool id_live_locked(uint64_t id) const;
 
   const uint64_t uid_;
-  mutable std::mutex mu_;
-  std::map<uintptr_t, Allocation> live_;  // keyed by base address
+  mutable std::shared_mutex mu_;
+  Table live_;
   uint64_t next_id_ = 1;
-  DeviceStats stats_;
+  DeviceStats stats_;  // all but the copy counters; guarded by mu_ (exclusive)
+  // Copies update these under the shared lock, hence atomics.
+  std::atomic<uint64_t> h2d_bytes_{0};
+  std::atomic<uint64_t> d2h_bytes_{0};
+  std::atomic<uint64_t> d2d_bytes_{0};
 };
 
 }  // namespace tandem
