@@ -1,0 +1,125 @@
+"""Binding one call's arguments to a program's signature.
+
+Everything here runs before anything reaches the device: a bad argument
+raises TypeError or ValueError and leaves the runtime untouched.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Mapping
+
+import numpy as np
+
+from engine.hostarrays import as_numpy_view, host_dtype, is_host_array, is_torch
+from engine.program import Param, Program
+from engine.specs import Scalar, TensorSpec
+from engine.tensor import DeviceTensor
+
+if TYPE_CHECKING:
+    from engine.runtime import Runtime
+
+__all__ = ["BoundArg", "BoundCall", "bind_call"]
+
+
+@dataclass
+class BoundArg:
+    param: Param
+    value: Any  # what the caller passed (None for an omitted Out)
+    shape: tuple[int, ...] = ()
+    host: np.ndarray | None = None  # contiguous numpy view staged through the slot
+    writeback: np.ndarray | None = None  # caller's non-contiguous array, filled after the run
+
+    @property
+    def is_device(self) -> bool:
+        return isinstance(self.value, DeviceTensor)
+
+
+@dataclass
+class BoundCall:
+    args: list[BoundArg]
+    dims: dict[str, int]
+    torch_kind: bool
+    outputs: list[int] = field(default_factory=list)  # indices of Out / InOut args
+
+
+def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, Any],
+              bounds: Mapping[str, int]) -> BoundCall:
+    params = prog.params
+    if len(args) > len(params):
+        raise TypeError(f"{prog.name}() takes {len(params)} arguments but {len(args)} were given")
+    values: dict[str, Any] = {}
+    for p, v in zip(params, args):
+        values[p.name] = v
+    names = {p.name for p in params}
+    for k, v in kwargs.items():
+        if k not in names:
+            raise TypeError(f"{prog.name}() got an unexpected argument '{k}'")
+        if k in values:
+            raise TypeError(f"{prog.name}() got multiple values for argument '{k}'")
+        values[k] = v
+
+    dims: dict[str, int] = {}
+    dim_source: dict[str, str] = {}
+    bound: list[BoundArg] = []
+    torch_kind = any(is_torch(v) for v in values.values())
+    for p in params:
+        spec = p.spec
+        if p.name not in values or values[p.name] is None:
+            if isinstance(spec, TensorSpec) and spec.writes and not spec.reads:
+                bound.append(BoundArg(p, None))
+                continue
+            raise TypeError(f"{prog.name}() missing argument '{p.name}' ({spec!r})")
+        v = values[p.name]
+        if isinstance(spec, Scalar):
+            bound.append(BoundArg(p, spec.check(p.name, v)))
+            continue
+        if isinstance(v, DeviceTensor):
+            rt._check_tensor(v, f"parameter '{p.name}'")
+            shape, dtype = v.shape, v.dtype
+        elif is_host_array(v):
+            dtype = host_dtype(v)
+            shape = tuple(int(d) for d in v.shape)
+        else:
+            raise TypeError(f"parameter '{p.name}': expected a numpy array, a CPU torch tensor or a DeviceTensor, "
+                            f"not {type(v).__name__}")
+        if dtype != spec.dtype:
+            raise TypeError(f"parameter '{p.name}': expected dtype {spec.dtype.name}, got {dtype.name}")
+        if len(shape) != len(spec.shape):
+            raise TypeError(f"parameter '{p.name}': expected {len(spec.shape)} dims {spec.shape}, got shape {shape}")
+        for axis, (want, got) in enumerate(zip(spec.shape, shape)):
+            if isinstance(want, int):
+                if want != got:
+                    raise TypeError(f"parameter '{p.name}': dim {axis} must be {want}, got {got} (shape {shape})")
+                continue
+            if want in dims and dims[want] != got:
+                raise TypeError(f"parameter '{p.name}': symbol '{want}' is {got} here but {dims[want]} "
+                                f"in '{dim_source[want]}'")
+            if want not in dims:
+                if got > bounds[want]:
+                    raise ValueError(f"parameter '{p.name}': {want}={got} exceeds its bound {bounds[want]} "
+                                     "(set at prepare)")
+                dims[want], dim_source[want] = got, p.name
+        arg = BoundArg(p, v, shape)
+        if not arg.is_device:
+            view = as_numpy_view(v)
+            if spec.writes and not view.flags.writeable:
+                raise ValueError(f"parameter '{p.name}': output array is read-only")
+            if view.flags.c_contiguous:
+                arg.host = view
+            else:  # staged through a contiguous copy; outputs are copied back after the run
+                arg.host = np.ascontiguousarray(view)
+                if spec.writes:
+                    arg.writeback = view
+        bound.append(arg)
+
+    for arg in bound:  # omitted Outs: shapes from the dims bound by the other arguments
+        spec = arg.param.spec
+        if isinstance(spec, TensorSpec) and arg.value is None:
+            missing = [d for d in spec.shape if isinstance(d, str) and d not in dims]
+            if missing:
+                raise TypeError(f"parameter '{arg.param.name}' was omitted and symbol(s) {missing} are bound by no "
+                                "other argument: pass the output")
+            arg.shape = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
+    outputs = [i for i, a in enumerate(bound) if isinstance(a.param.spec, TensorSpec) and a.param.spec.writes]
+    return BoundCall(bound, dims, torch_kind, outputs)

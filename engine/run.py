@@ -1,0 +1,178 @@
+"""engine.Run: what an orchestration function receives for one run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Sequence
+
+from engine import _native
+from engine.dtypes import DType, as_dtype
+from engine.tensor import Allocation, DeviceTensor, contiguous_strides
+
+if TYPE_CHECKING:
+    from engine.runtime import Runtime
+    from engine.slots import Slot
+
+__all__ = ["Run", "HostKernel", "host_kernel"]
+
+READ, WRITE, READWRITE = 1, 2, 3
+SCRATCH_ALIGN = 64
+
+
+class HostKernel:
+    """A Python function usable as a kernel: fn(*inputs, out, *scalar values).
+
+    It runs on a pool worker with the GIL held, over numpy views of device
+    memory (read-only for inputs). Prefer built-in kernels on hot paths.
+    """
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+        if not callable(fn):
+            raise TypeError(f"host_kernel needs a callable, not {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__qualname__", "host_kernel")
+
+    def bind(self, inputs: tuple, out: Any, scalars: dict[str, Any]) -> "_HostCall":
+        for i, t in enumerate(inputs):
+            if not isinstance(t, DeviceTensor):
+                raise TypeError(f"host kernel '{self.name}': input {i} must be a device tensor, not {type(t).__name__}")
+        if out is not None and not isinstance(out, DeviceTensor):
+            raise TypeError(f"host kernel '{self.name}': out must be a device tensor, not {type(out).__name__}")
+        for k, v in scalars.items():
+            if not isinstance(v, (int, float)):
+                raise ValueError(f"host kernel '{self.name}': scalar '{k}' must be a number, not {type(v).__name__}")
+        tensors = list(inputs) + ([out] if out is not None else [])
+        access = [READ] * len(inputs) + ([WRITE] if out is not None else [])
+        if out is not None and any(out.same_view(t) for t in inputs):
+            access = [READWRITE if t.same_view(out) else a for t, a in zip(tensors, access)]
+        return _HostCall(tensors, access, [int(v) if isinstance(v, bool) else v for v in scalars.values()])
+
+    def __repr__(self) -> str:
+        return f"<HostKernel {self.name}>"
+
+
+class _HostCall:
+    __slots__ = ("tensors", "access", "scalars")
+
+    def __init__(self, tensors: list, access: list[int], scalars: list) -> None:
+        self.tensors, self.access, self.scalars = tensors, access, scalars
+
+
+def host_kernel(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """Decorator: makes a Python function usable as a kernel in run.submit()."""
+    if fn is None:
+        return lambda f: HostKernel(f, name)
+    return HostKernel(fn, name)
+
+
+class Run:
+    """One run's orchestration context: submit tasks, carve scratch, call host callbacks.
+
+    Tasks start as soon as their inputs are ready, possibly while this
+    function is still submitting.
+    """
+
+    def __init__(self, runtime: "Runtime", native: "_native.Run | None", slot: "Slot | None",
+                 dims: dict[str, int], scratch_alloc: Allocation | None) -> None:
+        self._rt = runtime
+        self._native = native  # None while planning at prepare()
+        self._slot = slot
+        self._scratch_alloc = scratch_alloc
+        self._scratch_used = 0
+        self.dims: dict[str, int] = dims
+
+    @property
+    def id(self) -> int:
+        return self._native.id if self._native is not None else 0
+
+    @property
+    def workers(self) -> int:
+        """Pool workers: how many ways to tile work."""
+        return self._rt.workers
+
+    @property
+    def planning(self) -> bool:
+        """True during prepare()'s planning pass (no device work happens)."""
+        return self._native is None
+
+    def submit(self, kernel: Any, *inputs: DeviceTensor, out: DeviceTensor | None = None, **scalars: Any) -> None:
+        """Enters one kernel call into the task graph (validated first)."""
+        if not hasattr(kernel, "bind"):
+            raise TypeError(f"run.submit needs a kernel (engine.kernels.* or a host_kernel), not {kernel!r}")
+        call = kernel.bind(inputs, out, scalars)
+        for t in call.tensors:
+            self._rt._check_tensor(t, f"kernel '{kernel.name}' argument")
+        if self._native is None:
+            return
+        self._rt._engine.submit(self._native, self._rt._native_kernel(kernel),
+                                [t._native_arg() for t in call.tensors], call.access, call.scalars)
+
+    def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,
+             writes: Sequence[DeviceTensor] | None = None) -> None:
+        """Runs the host callback bound at prepare() as a task: fn(*arrays).
+
+        reads / writes say which of `tensors` it reads and writes (by identity);
+        with neither given every tensor is read and written.
+        """
+        native_kernel = self._rt._callback_kernel(name, len(tensors))
+        access = []
+        for i, t in enumerate(tensors):
+            self._rt._check_tensor(t, f"callback '{name}' argument {i}")
+            if reads is None and writes is None:
+                access.append(READWRITE)
+            else:
+                r = any(t is x for x in (reads or ()))
+                w = any(t is x for x in (writes or ()))
+                if not (r or w):
+                    raise ValueError(f"callback '{name}': tensor {i} is in neither reads nor writes")
+                access.append((READ if r else 0) | (WRITE if w else 0))
+        for group, label in ((reads, "reads"), (writes, "writes")):
+            for x in group or ():
+                if not any(x is t for t in tensors):
+                    raise ValueError(f"callback '{name}': a tensor in {label} is not among its arguments")
+        if self._native is None:
+            return
+        self._rt._engine.submit(self._native, native_kernel, [t._native_arg() for t in tensors], access, [])
+
+    def scratch(self, shape: Sequence[int | str], dtype: Any = "float32") -> DeviceTensor:
+        """A tensor from this run's scratch arena (symbols resolve to this run's dims)."""
+        dt: DType = as_dtype(dtype)
+        dims = []
+        for d in shape:
+            if isinstance(d, str):
+                if d not in self.dims:
+                    raise ValueError(f"scratch: unknown symbol '{d}' (bound symbols: {sorted(self.dims)})")
+                d = self.dims[d]
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise TypeError(f"scratch: dim {d!r} must be an int or a symbol name")
+            if d <= 0:
+                raise ValueError(f"scratch: dim {d} must be positive")
+            dims.append(d)
+        if not dims:
+            raise ValueError("scratch: shape must have at least one dim")
+        nbytes = dt.itemsize
+        for d in dims:
+            nbytes *= d
+        offset = -(-self._scratch_used // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        self._scratch_used = offset + nbytes
+        alloc = self._scratch_alloc
+        if self._native is not None:
+            if alloc is None or self._scratch_used > alloc.size:
+                have = 0 if alloc is None else alloc.size
+                raise ValueError(f"scratch arena exhausted: this run needs at least {self._scratch_used} bytes, the "
+                                 f"slot has {have} (prepare() sizes it from a planning run at the bounds; pass "
+                                 "scratch_bytes= for orchestration that needs more)")
+        return DeviceTensor(alloc if alloc is not None else self._rt._planning_alloc(), offset, tuple(dims),
+                            contiguous_strides(dims), dt)
+
+    def split(self, t: DeviceTensor, parts: int | None = None, axis: int = 0) -> list[DeviceTensor]:
+        """Views of `t` cut into `parts` near-equal pieces along `axis` (default: one per worker)."""
+        parts = parts or self.workers
+        n = t.shape[axis]
+        parts = max(1, min(parts, n))
+        out, start = [], 0
+        for i in range(parts):
+            size = n // parts + (1 if i < n % parts else 0)
+            key = tuple([slice(None)] * axis + [slice(start, start + size)])
+            out.append(t[key])
+            start += size
+        return out

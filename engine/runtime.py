@@ -1,0 +1,659 @@
+"""Runtime: a prepared program with its device, worker pool and pipeline slots."""
+
+from __future__ import annotations
+
+import inspect
+import threading
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from engine import _native
+from engine.binding import BoundCall, bind_call
+from engine.dtypes import as_dtype
+from engine.errors import ClosedError, KernelError, RunCancelledError
+from engine.hostarrays import as_numpy_view, empty_like_kind, is_host_array
+from engine.memory import DeviceMemoryHandle
+from engine.program import Program
+from engine.run import HostKernel, Run
+from engine.slots import Lease, Slot, SlotPool
+from engine.specs import TensorSpec
+from engine.tensor import Allocation, DeviceBuffer, DeviceTensor, contiguous_strides
+
+__all__ = ["Runtime", "RunHandle"]
+
+_PLANNING_BUFFER_SIZE = 1 << 62
+
+
+class InFlight:
+    """A launched run: its native run, its slot lease and the arguments it keeps alive."""
+
+    __slots__ = ("rt", "native", "lease", "call", "outputs", "_lock", "_finished", "_result", "_error")
+
+    def __init__(self, rt: "Runtime", native: "_native.Run", lease: Lease, call: BoundCall, outputs: list[Any]):
+        self.rt = rt
+        self.native = native
+        self.lease = lease
+        self.call: BoundCall | None = call
+        self.outputs = outputs
+        self._lock = threading.Lock()
+        self._finished = False
+        self._result: Any = None
+        self._error: BaseException | None = None
+
+    @property
+    def id(self) -> int:
+        return self.native.id
+
+    @property
+    def finished(self) -> bool:
+        return self._finished
+
+    def finish(self) -> None:
+        """After the native run completed: outcome, write-backs, slot release. Exactly once."""
+        with self._lock:
+            if self._finished:
+                return
+            native, call = self.native, self.call
+            assert call is not None and native.done
+            try:
+                failure = native.failure()
+                if failure is not None:
+                    self._error = KernelError(native.id, *failure)
+                elif native.cancelled:
+                    self._error = RunCancelledError(f"run {native.id} was cancelled")
+                else:
+                    for i in call.outputs:
+                        a = call.args[i]
+                        if a.writeback is not None and a.host is not None:
+                            a.writeback[...] = a.host
+                    outs = tuple(self.outputs)
+                    self._result = None if not outs else outs[0] if len(outs) == 1 else outs
+            finally:
+                self._finished = True
+                self.call = None  # drop the arguments: the run no longer needs them
+                self.rt._release(self)
+
+    def outcome(self) -> Any:
+        assert self._finished
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def error(self) -> BaseException | None:
+        return self._error
+
+
+class RunHandle:
+    """The handle of one submitted run: wait for it, get its outputs or its error."""
+
+    __slots__ = ("_inflight",)
+
+    def __init__(self, inflight: InFlight) -> None:
+        self._inflight = inflight
+
+    @property
+    def id(self) -> int:
+        return self._inflight.id
+
+    @property
+    def done(self) -> bool:
+        return self._inflight.native.done
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Blocks until the run completed (True) or the timeout passed (False)."""
+        if not self._inflight.native.wait(timeout):
+            return False
+        self._inflight.finish()
+        return True
+
+    def result(self, timeout: float | None = None) -> Any:
+        """The outputs (one value, a tuple, or None), or the run's error raised."""
+        if not self.wait(timeout):
+            raise TimeoutError(f"run {self.id} did not complete within {timeout} s")
+        return self._inflight.outcome()
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        if not self.wait(timeout):
+            raise TimeoutError(f"run {self.id} did not complete within {timeout} s")
+        return self._inflight.error()
+
+    def cancel(self) -> bool:
+        """Skips the run's tasks that have not started; the result is discarded."""
+        return self._inflight.native.cancel()
+
+    def __repr__(self) -> str:
+        return f"<RunHandle {self.id} {'done' if self.done else 'pending'}>"
+
+
+class Runtime(DeviceMemoryHandle):
+    """A prepared program. Call it, submit() to it, or wrap it in scheduler.AsyncRuntime."""
+
+    def __init__(self, prog: Program, *, device: str = "cpu", workers: int | None = None, depth: int = 2,
+                 bounds: Mapping[str, int] | None = None, callbacks: Mapping[str, Callable[..., Any]] | None = None,
+                 memory_limit: int | None = None, scratch_bytes: int | None = None) -> None:
+        self.program = prog
+        self.depth = _check_positive_int("depth", depth)
+        if device != "cpu":
+            raise ValueError(f"unknown device {device!r}: this build has the embedded 'cpu' device")
+        if workers is not None:
+            _check_positive_int("workers", workers)
+        if memory_limit is not None:
+            _check_positive_int("memory_limit", memory_limit)
+        if scratch_bytes is not None and (isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int)
+                                          or scratch_bytes < 0):
+            raise ValueError("scratch_bytes must be a non-negative int")
+        self.bounds = _check_bounds(prog, bounds)
+        callbacks = dict(callbacks or {})
+        _check_callbacks(prog, callbacks)
+
+        self._state_lock = threading.RLock()
+        self._admit_lock = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._closed = False
+        self._closing = False
+        self._owned: dict[int, Allocation] = {}  # every live allocation of this runtime, by id
+        self._inflight: dict[int, InFlight] = {}  # by native run id, in launch order
+        self._kernels: dict[int, Any] = {}
+        self._callbacks: dict[str, Any] = {}
+        self._planning: Allocation | None = None
+        self._host_spans: list[tuple[int, int, str, int, int]] | None = None  # when tracing
+        self._device: _native.Device | None = None
+        self._engine: _native.Engine | None = None
+        try:
+            self._device = _native.Device(memory_limit or 0)
+            self._engine = _native.Engine(self._device, workers or 0)
+            for name, fn in callbacks.items():
+                self._callbacks[name] = self._engine.register_host_kernel(f"callback:{name}", fn)
+            if scratch_bytes is None:
+                scratch_bytes = self._plan_scratch()
+            self._slots = SlotPool([self._make_slot(i, scratch_bytes) for i in range(self.depth)])
+            self.scratch_bytes = scratch_bytes
+        except BaseException:
+            self._teardown()
+            raise
+
+    # -- setup --------------------------------------------------------------------
+    @property
+    def workers(self) -> int:
+        return self._engine.workers if self._engine is not None else 0
+
+    def _planning_alloc(self) -> Allocation:
+        if self._planning is None:
+            self._planning = Allocation(self, _native.Buffer(0, 0, 0, _PLANNING_BUFFER_SIZE), "planning")
+        return self._planning
+
+    def _plan_scratch(self) -> int:
+        """Runs the orchestration once at the bounds, without the device, to size scratch."""
+        prog = self.program
+        alloc = self._planning_alloc()
+        dims = dict(self.bounds)
+        args: list[Any] = []
+        for p in prog.params:
+            if isinstance(p.spec, TensorSpec):
+                shape = tuple(d if isinstance(d, int) else dims[d] for d in p.spec.shape)
+                args.append(DeviceTensor(alloc, 0, shape, contiguous_strides(shape), p.spec.dtype))
+            else:
+                args.append(p.spec.type())
+        run = Run(self, None, None, {s: dims[s] for s in prog.symbols}, None)
+        try:
+            prog.fn(run, *args)
+        except (TypeError, ValueError) as e:
+            raise type(e)(f"{prog.name}: the planning pass at the bounds {self.bounds} failed: {e} "
+                          "(pass scratch_bytes= to skip planning)") from e
+        return run._scratch_used
+
+    def _make_slot(self, index: int, scratch_bytes: int) -> Slot:
+        buffers: dict[str, Allocation] = {}
+        for p in self.program.params:
+            if isinstance(p.spec, TensorSpec):
+                n = p.spec.dtype.itemsize
+                for d in p.spec.shape:
+                    n *= d if isinstance(d, int) else self.bounds[d]
+                buffers[p.name] = self._alloc(n, "slot")
+        scratch = self._alloc(scratch_bytes, "scratch") if scratch_bytes > 0 else None
+        return Slot(index, buffers, scratch, _native.HostAccessor(self._device))
+
+    def _alloc(self, nbytes: int, kind: str) -> Allocation:
+        assert self._device is not None
+        alloc = Allocation(self, self._device.alloc(nbytes), kind)
+        self._owned[alloc.id] = alloc
+        return alloc
+
+    # -- running -------------------------------------------------------------------
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs once and returns the outputs (one value, a tuple in declaration order, or None)."""
+        return self.submit(*args, **kwargs).result()
+
+    def submit(self, *args: Any, **kwargs: Any) -> RunHandle:
+        """Starts a run and returns its handle; blocks while `depth` runs are in flight."""
+        call = self._bind(args, kwargs)
+        t0 = self._now_ns() if self._host_spans is not None else 0
+        lease = self._admit_blocking()
+        return RunHandle(self._launch(call, lease, notify=False, admit_start_ns=t0))
+
+    def _bind(self, args: tuple, kwargs: Mapping[str, Any]) -> BoundCall:
+        self._check_open()
+        return bind_call(self, self.program, args, kwargs, self.bounds)
+
+    def _admit_blocking(self) -> Lease:
+        """FIFO admission for threads: reaps the oldest run in flight when no slot is free."""
+        with self._admit_lock:
+            while True:
+                self._check_open()
+                lease = self._slots.try_lease()
+                if lease is not None:
+                    return lease
+                with self._state_lock:
+                    oldest = next(iter(self._inflight.values()), None)
+                if oldest is not None:
+                    oldest.native.wait()
+                    oldest.finish()
+                else:  # a slot is held by a launch still under way in another thread
+                    threading.Event().wait(0.0005)
+
+    def _try_admit(self) -> Lease | None:
+        self._check_open()
+        return self._slots.try_lease()
+
+    def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> InFlight:
+        """Stages inputs through the slot, orchestrates and seals. Releases the lease on failure.
+
+        admit_start_ns: when the caller began waiting for the slot (for the trace).
+        """
+        assert self._engine is not None
+        slot = lease.slot
+        engine = self._engine
+        spans = self._host_spans
+        t_admitted = engine.now_ns() if spans is not None else 0
+        try:
+            native = engine.begin_run(notify)
+        except BaseException:
+            self._slots.release(lease)
+            raise
+        acc = slot.accessor
+        native.attach_accessor(acc)  # first: the run closes the accessor whatever happens next
+        outputs: list[Any] = []
+        try:
+            fn_args: list[Any] = []
+            copy_backs: list[tuple[DeviceTensor, Allocation]] = []
+            for a in call.args:
+                spec = a.param.spec
+                if not isinstance(spec, TensorSpec):
+                    fn_args.append(a.value)
+                    continue
+                if a.is_device:
+                    fn_args.append(a.value)
+                    if spec.writes:
+                        outputs.append(a.value)
+                    continue
+                if a.value is None:  # omitted Out: allocate one of the callers' kind
+                    user, a.host = empty_like_kind(call.torch_kind, a.shape, spec.dtype)
+                    outputs.append(user)
+                elif spec.writes:
+                    outputs.append(a.value)
+                buf = slot.buffers[a.param.name]
+                view = _slot_view(slot, a.param.name, buf, a.shape, spec)
+                host = a.host
+                assert host is not None
+                acc.add(buf.addr, view.nbytes, host)
+                if spec.reads:
+                    acc.stage_in(buf.addr)
+                if spec.writes:
+                    copy_backs.append((view, buf))
+                fn_args.append(view)
+            run = Run(self, native, slot, call.dims, slot.scratch)
+            t_staged = engine.now_ns() if spans is not None else 0
+            self.program.fn(run, *fn_args)
+            for view, buf in copy_backs:
+                engine.submit_copy_back(native, view._native_arg(), buf.addr)
+            engine.seal(native)
+            if spans is not None:
+                t_sealed = engine.now_ns()
+                if admit_start_ns:
+                    spans.append((native.id, slot.index, "admission", admit_start_ns, t_admitted))
+                spans.append((native.id, slot.index, "staging", t_admitted, t_staged))
+                spans.append((native.id, slot.index, "orchestration", t_staged, t_sealed))
+        except BaseException:
+            native.cancel()
+            engine.seal(native)
+            native.wait()
+            self._slots.release(lease)
+            raise
+        inflight = InFlight(self, native, lease, call, outputs)
+        with self._state_lock:
+            self._inflight[native.id] = inflight
+        return inflight
+
+    def _release(self, inflight: InFlight) -> None:
+        """Called once per run by InFlight.finish()."""
+        with self._state_lock:
+            self._inflight.pop(inflight.id, None)
+        self._slots.release(inflight.lease)
+
+    def _finish_completed(self, run_ids: Sequence[int]) -> list[InFlight]:
+        """Finishes the runs the notifier reported; returns them (for the async layer)."""
+        done = []
+        for rid in run_ids:
+            with self._state_lock:
+                inflight = self._inflight.get(rid)
+            if inflight is not None:
+                inflight.finish()
+                done.append(inflight)
+        return done
+
+    # -- tracing --------------------------------------------------------------------
+    def _now_ns(self) -> int:
+        """The engine's clock (the one task timestamps use)."""
+        assert self._engine is not None
+        return self._engine.now_ns()
+
+    def set_tracing(self, on: bool) -> None:
+        """Starts (or stops) recording host spans and task timings for export_trace()."""
+        self._check_open()
+        assert self._engine is not None
+        self._engine.set_tracing(bool(on))
+        if on and self._host_spans is None:
+            self._host_spans = []
+        elif not on:
+            self._host_spans = None
+
+    def drain_trace(self) -> tuple[list[tuple[int, int, str, int, int]], list[tuple]]:
+        """Takes the recorded (host spans, task events) so far.
+
+        host span: (run_id, slot, name, start_ns, end_ns), name in admission /
+        staging / orchestration; task event: (run_id, task_index, worker,
+        start_ns, end_ns, kernel_name, ok).
+        """
+        self._check_open()
+        assert self._engine is not None
+        spans = self._host_spans or []
+        if self._host_spans is not None:
+            self._host_spans = []
+        return spans, self._engine.drain_trace()
+
+    def export_trace(self, path: Any) -> None:
+        """Writes the recorded trace as Chrome trace JSON (opens in Perfetto)."""
+        from engine.trace import export_chrome_trace
+
+        spans, events = self.drain_trace()
+        export_chrome_trace(path, spans, events, workers=self.workers, depth=self.depth)
+
+    # -- kernels --------------------------------------------------------------------
+    def _native_kernel(self, kernel: Any) -> "_native.Kernel":
+        key = id(kernel)
+        nk = self._kernels.get(key)
+        if nk is None:
+            assert self._engine is not None
+            if isinstance(kernel, HostKernel):
+                nk = self._engine.register_host_kernel(f"host:{kernel.name}:{key:x}", kernel.fn)
+            else:
+                nk = self._engine.kernel(kernel.name)
+            self._kernels[key] = (nk, kernel)  # keep the kernel object alive: its id is the key
+            return nk
+        return nk[0]
+
+    def _callback_kernel(self, name: str, n_tensors: int) -> "_native.Kernel":
+        if name not in self.program.callbacks:
+            raise ValueError(f"run.host: '{name}' is not a callback declared by {self.program.name} "
+                             f"(declared: {sorted(self.program.callbacks)})")
+        arity = self.program.callbacks[name]
+        if arity is not None and arity != n_tensors:
+            raise TypeError(f"run.host: callback '{name}' takes {arity} tensors, got {n_tensors}")
+        return self._callbacks[name]
+
+    # -- checks ---------------------------------------------------------------------
+    def _check_open(self) -> None:
+        if self._closed or self._closing:
+            raise ClosedError("the runtime is closed")
+
+    def _check_tensor(self, t: Any, what: str) -> None:
+        if not isinstance(t, DeviceTensor):
+            raise TypeError(f"{what}: expected a device tensor, not {type(t).__name__}")
+        alloc = t._alloc
+        if alloc.kind == "planning":
+            return
+        if alloc.owner is not self:
+            raise ValueError(f"{what}: the tensor belongs to another runtime")
+        if alloc.freed:
+            raise ValueError(f"{what}: the tensor was freed")
+
+    # -- device memory handle ----------------------------------------------------------
+    def malloc(self, nbytes: int) -> DeviceBuffer:
+        self._check_open()
+        _check_positive_int("nbytes", nbytes)
+        return DeviceBuffer(self._alloc(nbytes, "buffer"))
+
+    def free(self, buf: DeviceBuffer) -> None:
+        self._check_open()
+        if not isinstance(buf, DeviceBuffer):
+            raise TypeError(f"free() takes a DeviceBuffer, not {type(buf).__name__}")
+        self._free_alloc(buf._alloc, "buffer")
+
+    def copy_to(self, dst: DeviceBuffer, src: Any) -> None:
+        self._check_open()
+        alloc = self._buffer_alloc(dst, "copy_to")
+        host = np.ascontiguousarray(_host_array(src, "copy_to source"))
+        if host.nbytes > alloc.size:
+            raise ValueError(f"copy_to: {host.nbytes} bytes do not fit a {alloc.size}-byte buffer")
+        assert self._engine is not None and self._device is not None
+        self._engine.quiesce(alloc.id)
+        self._device.copy_h2d(alloc.buf, 0, host)
+
+    def copy_from(self, dst: Any, src: DeviceBuffer) -> None:
+        self._check_open()
+        alloc = self._buffer_alloc(src, "copy_from")
+        host = _host_array(dst, "copy_from destination")
+        if not host.flags.c_contiguous or not host.flags.writeable:
+            raise ValueError("copy_from: the destination must be a writable contiguous array")
+        if host.nbytes > alloc.size:
+            raise ValueError(f"copy_from: a {alloc.size}-byte buffer cannot fill {host.nbytes} bytes")
+        assert self._engine is not None and self._device is not None
+        self._engine.quiesce(alloc.id)
+        self._device.copy_d2h(host, alloc.buf, 0)
+
+    def alloc_tensor(self, shape: Sequence[int], dtype: Any = "float32", init: Any = None) -> DeviceTensor:
+        """A resident tensor: device memory that outlives runs (weights, KV caches)."""
+        self._check_open()
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(f"alloc_tensor: shape must be a tuple of ints, not {type(shape).__name__}")
+        dims = tuple(shape)
+        for d in dims:
+            if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
+                raise TypeError(f"alloc_tensor: dim {d!r} must be an int")
+        if not dims:
+            raise ValueError("alloc_tensor: shape must have at least one dim")
+        if any(d <= 0 for d in dims):
+            raise ValueError(f"alloc_tensor: dims must be positive, got {dims}")
+        dims = tuple(int(d) for d in dims)
+        dt = as_dtype(dtype)
+        host = None
+        if init is not None:
+            if not is_host_array(init):
+                raise ValueError(f"alloc_tensor: init must be a numpy array or a CPU torch tensor, "
+                                 f"not {type(init).__name__}")
+            if tuple(init.shape) != dims:
+                raise ValueError(f"alloc_tensor: init has shape {tuple(init.shape)}, expected {dims}")
+            try:
+                init_dt = as_dtype(init.dtype)
+            except TypeError:
+                init_dt = None
+            if init_dt != dt:
+                raise ValueError(f"alloc_tensor: init has dtype {init.dtype}, expected {dt.name}")
+            host = np.ascontiguousarray(as_numpy_view(init))
+        nbytes = dt.itemsize
+        for d in dims:
+            nbytes *= d
+        alloc = self._alloc(nbytes, "resident")
+        if host is not None:
+            assert self._device is not None
+            self._device.copy_h2d(alloc.buf, 0, host)
+        return DeviceTensor(alloc, 0, dims, contiguous_strides(dims), dt)
+
+    def free_tensor(self, t: DeviceTensor) -> None:
+        self._check_open()
+        if not isinstance(t, DeviceTensor):
+            raise TypeError(f"free_tensor() takes a DeviceTensor, not {type(t).__name__}")
+        self._free_alloc(t._alloc, "resident")
+
+    def memory_stats(self) -> dict[str, int]:
+        self._check_open()
+        assert self._device is not None
+        stats = dict(self._device.stats())
+        stats["free_slots"] = self._slots.free_count
+        stats["depth"] = self.depth
+        return stats
+
+    def _read_tensor(self, t: DeviceTensor) -> np.ndarray:
+        self._check_open()
+        self._check_tensor(t, "to_numpy")
+        assert self._engine is not None and self._device is not None
+        alloc = t._alloc
+        self._engine.quiesce(alloc.id)
+        begin, end = t._byte_range()
+        raw = np.empty(alloc.size, np.uint8) if False else np.empty(end - begin, np.uint8)
+        self._device.copy_d2h(raw, alloc.buf, begin)
+        item = t.dtype.itemsize
+        view = np.lib.stride_tricks.as_strided(raw.view(t.dtype.numpy) if (end - begin) % item == 0 else raw,
+                                               shape=t.shape, strides=tuple(s * item for s in t.strides))
+        return np.array(view, copy=True)
+
+    def _buffer_alloc(self, buf: Any, what: str) -> Allocation:
+        if not isinstance(buf, DeviceBuffer):
+            raise TypeError(f"{what}: expected a DeviceBuffer, not {type(buf).__name__}")
+        alloc = buf._alloc
+        if alloc.owner is not self:
+            raise ValueError(f"{what}: the buffer belongs to another runtime")
+        if alloc.freed:
+            raise ValueError(f"{what}: the buffer was freed")
+        return alloc
+
+    def _free_alloc(self, alloc: Allocation, kind: str) -> None:
+        if alloc.owner is not self:
+            raise ValueError(f"free: the {'tensor' if kind == 'resident' else 'buffer'} belongs to another runtime")
+        with self._state_lock:
+            if alloc.freed:
+                raise ValueError(f"free: the {'tensor' if kind == 'resident' else 'buffer'} was already freed")
+            if alloc.kind != kind:
+                raise ValueError(f"free: cannot free {alloc.kind} memory owned by the runtime")
+            alloc.freed = True
+        assert self._engine is not None and self._device is not None
+        self._engine.quiesce(alloc.id)  # runs in flight may still use it
+        self._engine.forget_allocation(alloc.id)
+        self._device.free(alloc.buf)
+        with self._state_lock:
+            self._owned.pop(alloc.id, None)
+
+    # -- closing ----------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def close(self) -> None:
+        """Drains runs in flight, frees everything the runtime owns, joins the pool. Idempotent."""
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closing = True
+            with self._admit_lock:  # no launch is half-way through once we hold this
+                while True:
+                    with self._state_lock:
+                        pending = list(self._inflight.values())
+                    if not pending:
+                        break
+                    for inflight in pending:
+                        inflight.native.wait()
+                        inflight.finish()
+            self._teardown()
+            self._closed = True
+
+    def _teardown(self) -> None:
+        if self._engine is not None:
+            self._engine.close(True)
+        if self._device is not None:
+            for alloc in list(self._owned.values()):
+                alloc.freed = True
+                self._device.free(alloc.buf)
+            self._owned.clear()
+        self._kernels.clear()
+        self._callbacks.clear()
+        self._engine = None
+        self._device = None
+
+    def __enter__(self) -> "Runtime":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            if not self._closed and self._engine is not None:
+                self.close()
+        except Exception:
+            pass
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else f"depth={self.depth} workers={self.workers}"
+        return f"<Runtime {self.program.name} {state}>"
+
+
+def _slot_view(slot: Slot, name: str, buf: Allocation, shape: tuple[int, ...], spec: TensorSpec) -> DeviceTensor:
+    """The slot buffer viewed at this run's shape (cached: shapes repeat run after run)."""
+    cache = slot.__dict__.setdefault("views", {})
+    key = (name, shape)
+    view = cache.get(key)
+    if view is None:
+        view = DeviceTensor(buf, 0, shape, contiguous_strides(shape), spec.dtype)
+        if len(cache) > 64:
+            cache.clear()
+        cache[key] = view
+    return view
+
+
+def _host_array(x: Any, what: str) -> np.ndarray:
+    if not is_host_array(x):
+        raise TypeError(f"{what}: expected a numpy array or a CPU torch tensor, not {type(x).__name__}")
+    return as_numpy_view(x)
+
+
+def _check_positive_int(name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value <= 0:
+        raise ValueError(f"{name} must be positive, got {value}")
+    return value
+
+
+def _check_bounds(prog: Program, bounds: Mapping[str, int] | None) -> dict[str, int]:
+    bounds = dict(bounds or {})
+    for sym, v in bounds.items():
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise TypeError(f"bound of '{sym}' must be an int, not {type(v).__name__}")
+        if v <= 0:
+            raise ValueError(f"bound of '{sym}' must be positive, got {v}")
+    missing = [s for s in prog.symbols if s not in bounds]
+    if missing:
+        raise ValueError(f"{prog.name}: symbols {missing} need bounds: prepare(bounds={{{missing[0]!r}: ...}})")
+    return bounds
+
+
+def _check_callbacks(prog: Program, callbacks: dict[str, Callable[..., Any]]) -> None:
+    unknown = sorted(set(callbacks) - set(prog.callbacks))
+    if unknown:
+        raise ValueError(f"{prog.name}: unknown callbacks {unknown} (the program declares {sorted(prog.callbacks)})")
+    missing = sorted(set(prog.callbacks) - set(callbacks))
+    if missing:
+        raise ValueError(f"{prog.name}: callbacks {missing} are declared but not bound at prepare")
+    for name, fn in callbacks.items():
+        if not callable(fn):
+            raise TypeError(f"callback '{name}' must be callable, not {type(fn).__name__}")
+        arity = prog.callbacks[name]
+        if arity is None:
+            continue
+        try:
+            inspect.signature(fn).bind(*range(arity))
+        except TypeError:
+            raise TypeError(f"callback '{name}' must accept {arity} tensor arguments") from None
+        except ValueError:  # no signature available (some builtins): accept
+            pass

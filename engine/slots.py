@@ -1,0 +1,75 @@
+"""Pipeline slots: `depth` buffer sets, each leased to exactly one run at a time.
+
+A lease carries the slot's generation. Releasing advances the generation, so
+a stale lease (released already, or from an earlier run) is rejected and a
+slot can never be released twice.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import deque
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from engine import _native
+    from engine.tensor import Allocation
+
+__all__ = ["Slot", "Lease", "SlotPool", "StaleLeaseError"]
+
+
+class StaleLeaseError(ValueError):
+    """A lease that no longer holds its slot was released."""
+
+
+@dataclass
+class Slot:
+    index: int
+    buffers: dict[str, "Allocation"]  # one per host tensor parameter, sized from the bounds
+    scratch: "Allocation | None"
+    accessor: "_native.HostAccessor"
+    generation: int = 0
+    leased: bool = False
+    scratch_used: int = 0
+
+
+@dataclass(frozen=True)
+class Lease:
+    slot: Slot = field(compare=False)
+    generation: int
+
+
+class SlotPool:
+    def __init__(self, slots: list[Slot]) -> None:
+        self.slots = slots
+        self._free: deque[Slot] = deque(slots)
+        self._lock = threading.Lock()
+
+    @property
+    def depth(self) -> int:
+        return len(self.slots)
+
+    @property
+    def free_count(self) -> int:
+        with self._lock:
+            return len(self._free)
+
+    def try_lease(self) -> Lease | None:
+        with self._lock:
+            if not self._free:
+                return None
+            slot = self._free.popleft()
+            slot.leased = True
+            slot.scratch_used = 0
+            return Lease(slot, slot.generation)
+
+    def release(self, lease: Lease) -> None:
+        with self._lock:
+            slot = lease.slot
+            if not slot.leased or slot.generation != lease.generation:
+                raise StaleLeaseError(
+                    f"stale lease of slot {slot.index}: generation {lease.generation}, slot is at {slot.generation}")
+            slot.generation += 1
+            slot.leased = False
+            self._free.append(slot)

@@ -1,0 +1,222 @@
+"""Device tensors: strided views over device allocations.
+
+A `DeviceTensor` is what orchestration code handles (slot buffers, scratch,
+resident weights) and what users hold as resident tensors. Views share their
+allocation; the allocation records who owns it and whether it is still live.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from engine import _native
+from engine.dtypes import DType
+
+if TYPE_CHECKING:
+    from engine.memory import DeviceMemoryHandle
+
+__all__ = ["Allocation", "DeviceBuffer", "DeviceTensor", "contiguous_strides"]
+
+
+def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
+
+
+class Allocation:
+    """One device allocation and its owner; `freed` flips exactly once."""
+
+    __slots__ = ("owner", "buf", "freed", "kind", "__weakref__")
+
+    def __init__(self, owner: "DeviceMemoryHandle", buf: "_native.Buffer", kind: str) -> None:
+        self.owner = owner
+        self.buf = buf
+        self.freed = False
+        self.kind = kind  # "resident", "buffer", "slot", "scratch"
+
+    @property
+    def id(self) -> int:
+        return self.buf.id
+
+    @property
+    def addr(self) -> int:
+        return self.buf.addr
+
+    @property
+    def size(self) -> int:
+        return self.buf.size
+
+
+class DeviceBuffer:
+    """Raw device memory from `malloc(nbytes)`."""
+
+    __slots__ = ("_alloc",)
+
+    def __init__(self, alloc: Allocation) -> None:
+        self._alloc = alloc
+
+    @property
+    def nbytes(self) -> int:
+        return self._alloc.size
+
+    @property
+    def freed(self) -> bool:
+        return self._alloc.freed
+
+    def __repr__(self) -> str:
+        state = "freed" if self._alloc.freed else f"{self.nbytes} bytes"
+        return f"<DeviceBuffer {state}>"
+
+
+class DeviceTensor:
+    """A strided view of device memory. Slicing gives views; nothing is copied."""
+
+    __slots__ = ("_alloc", "_offset", "_shape", "_strides", "_dtype", "_arg", "__weakref__")
+
+    def __init__(self, alloc: Allocation, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                 dtype: DType) -> None:
+        self._alloc = alloc
+        self._offset = offset  # bytes from the allocation base
+        self._shape = shape
+        self._strides = strides  # elements
+        self._dtype = dtype
+        self._arg: _native.TensorArg | None = None
+
+    # -- the TensorLike protocol ------------------------------------------------
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return self._shape
+
+    @property
+    def dtype(self) -> DType:
+        return self._dtype
+
+    @property
+    def strides(self) -> tuple[int, ...]:
+        return self._strides
+
+    def overlaps(self, other: Any) -> bool:
+        if not isinstance(other, DeviceTensor) or other._alloc is not self._alloc:
+            return False
+        b0, e0 = self._byte_range()
+        b1, e1 = other._byte_range()
+        return b0 < e1 and b1 < e0
+
+    def same_view(self, other: Any) -> bool:
+        return (isinstance(other, DeviceTensor) and other._alloc is self._alloc and other._offset == self._offset
+                and other._shape == self._shape and other._strides == self._strides and other._dtype == self._dtype)
+
+    # -- properties ---------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self._shape)
+
+    @property
+    def size(self) -> int:
+        n = 1
+        for d in self._shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self._dtype.itemsize
+
+    @property
+    def is_contiguous(self) -> bool:
+        return all(s == c or d == 1 for d, s, c in zip(self._shape, self._strides, contiguous_strides(self._shape)))
+
+    @property
+    def freed(self) -> bool:
+        return self._alloc.freed
+
+    def _byte_range(self) -> tuple[int, int]:
+        span = sum((d - 1) * s for d, s in zip(self._shape, self._strides))
+        return self._offset, self._offset + (span + 1) * self._dtype.itemsize
+
+    def _native_arg(self) -> "_native.TensorArg":
+        """The native argument for this view (built once: views are immutable)."""
+        if self._arg is None:
+            begin, end = self._byte_range()
+            self._arg = _native.TensorArg(self._alloc.addr + self._offset, self._dtype.code, list(self._shape),
+                                          list(self._strides), self._alloc.id, begin, end)
+        return self._arg
+
+    # -- views ----------------------------------------------------------------------
+    def __getitem__(self, key: Any) -> "DeviceTensor":
+        if not isinstance(key, tuple):
+            key = (key,)
+        if len(key) > self.ndim:
+            raise IndexError(f"too many indices: {len(key)} for a {self.ndim}-d tensor")
+        offset, shape, strides = self._offset, [], []
+        item = self._dtype.itemsize
+        for axis, k in enumerate(key):
+            dim, stride = self._shape[axis], self._strides[axis]
+            if isinstance(k, slice):
+                start, stop, step = k.indices(dim)
+                if step <= 0:
+                    raise ValueError("views take positive slice steps only")
+                n = max(0, (stop - start + step - 1) // step)
+                if n == 0:
+                    raise ValueError(f"empty slice on axis {axis}")
+                offset += start * stride * item
+                shape.append(n)
+                strides.append(stride * step)
+            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
+                i = int(k)
+                if not -dim <= i < dim:
+                    raise IndexError(f"index {i} out of range for axis {axis} of size {dim}")
+                offset += (i % dim) * stride * item
+            else:
+                raise TypeError(f"views index with ints and slices, not {type(k).__name__}")
+        shape.extend(self._shape[len(key):])
+        strides.extend(self._strides[len(key):])
+        if not shape:  # a single element: keep it a 1-element vector
+            shape, strides = [1], [1]
+        return DeviceTensor(self._alloc, offset, tuple(shape), tuple(strides), self._dtype)
+
+    def reshape(self, *shape: int | Sequence[int]) -> "DeviceTensor":
+        dims: Sequence[Any] = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
+        dims = list(dims)
+        if dims.count(-1) > 1:
+            raise ValueError("reshape: at most one -1")
+        if -1 in dims:
+            known = 1
+            for d in dims:
+                if d != -1:
+                    known *= d
+            if known <= 0 or self.size % known:
+                raise ValueError(f"reshape: cannot infer -1 for {self._shape} -> {tuple(dims)}")
+            dims[dims.index(-1)] = self.size // known
+        if any(isinstance(d, bool) or not isinstance(d, int) or d <= 0 for d in dims):
+            raise ValueError(f"reshape: dims must be positive ints, got {tuple(dims)}")
+        n = 1
+        for d in dims:
+            n *= d
+        if n != self.size:
+            raise ValueError(f"reshape: {self._shape} has {self.size} elements, {tuple(dims)} has {n}")
+        if not self.is_contiguous:
+            raise ValueError("reshape needs a contiguous tensor")
+        return DeviceTensor(self._alloc, self._offset, tuple(dims), contiguous_strides(dims), self._dtype)
+
+    # -- host copies ------------------------------------------------------------------
+    def to_numpy(self) -> np.ndarray:
+        """A host copy (waits for runs still writing these bytes)."""
+        return self._alloc.owner._read_tensor(self)
+
+    def to_torch(self) -> Any:
+        import torch
+
+        arr = self.to_numpy()
+        if self._dtype.name == "bfloat16":
+            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(arr)
+
+    def __repr__(self) -> str:
+        state = ", freed" if self._alloc.freed else ""
+        return f"<DeviceTensor shape={self._shape} dtype={self._dtype.name}{state}>"
