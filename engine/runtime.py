@@ -122,6 +122,11 @@ class RunHandle:
         """Skips the run's tasks that have not started; the result is discarded."""
         return self._inflight.native.cancel()
 
+    def times(self) -> dict[str, int]:
+        """Engine-clock timestamps (ns): created, sealed (host work done), first_start,
+        last_end (device work), done; busy_ns is the summed task time."""
+        return self._inflight.native.times()
+
     def __repr__(self) -> str:
         return f"<RunHandle {self.id} {'done' if self.done else 'pending'}>"
 
