@@ -159,7 +159,7 @@ class Runtime(DeviceMemoryHandle):
         self._closing = False
         self._owned: dict[int, Allocation] = {}  # every live allocation of this runtime, by id
         self._inflight: dict[int, InFlight] = {}  # by native run id, in launch order
-        self._kernels: dict[int, Any] = {}
+        self._kernels: dict[int, tuple[Any, Any]] = {}  # id(kernel object) -> (native kernel, object)
         self._callbacks: dict[str, Any] = {}
         self._planning: Allocation | None = None
         self._host_spans: list[tuple[int, int, str, int, int]] | None = None  # when tracing
@@ -386,17 +386,20 @@ class Runtime(DeviceMemoryHandle):
 
     # -- kernels --------------------------------------------------------------------
     def _native_kernel(self, kernel: Any) -> "_native.Kernel":
-        key = id(kernel)
-        nk = self._kernels.get(key)
-        if nk is None:
-            assert self._engine is not None
-            if isinstance(kernel, HostKernel):
-                nk = self._engine.register_host_kernel(f"host:{kernel.name}:{key:x}", kernel.fn)
-            else:
-                nk = self._engine.kernel(kernel.name)
-            self._kernels[key] = (nk, kernel)  # keep the kernel object alive: its id is the key
-            return nk
-        return nk[0]
+        entry = self._kernels.get(id(kernel))
+        if entry is not None:
+            return entry[0]
+        with self._state_lock:  # two orchestrations may meet a new host kernel at once
+            entry = self._kernels.get(id(kernel))
+            if entry is None:
+                assert self._engine is not None
+                if isinstance(kernel, HostKernel):
+                    nk = self._engine.register_host_kernel(f"host:{kernel.name}:{id(kernel):x}", kernel.fn)
+                else:
+                    nk = self._engine.kernel(kernel.name)
+                entry = (nk, kernel)  # keeps the kernel object alive: its id is the key
+                self._kernels[id(kernel)] = entry
+        return entry[0]
 
     def _callback_kernel(self, name: str, n_tensors: int) -> "_native.Kernel":
         if name not in self.program.callbacks:
@@ -516,11 +519,10 @@ class Runtime(DeviceMemoryHandle):
         alloc = t._alloc
         self._engine.quiesce(alloc.id)
         begin, end = t._byte_range()
-        raw = np.empty(alloc.size, np.uint8) if False else np.empty(end - begin, np.uint8)
+        raw = np.empty((end - begin) // t.dtype.itemsize, t.dtype.numpy)  # the view's whole span
         self._device.copy_d2h(raw, alloc.buf, begin)
         item = t.dtype.itemsize
-        view = np.lib.stride_tricks.as_strided(raw.view(t.dtype.numpy) if (end - begin) % item == 0 else raw,
-                                               shape=t.shape, strides=tuple(s * item for s in t.strides))
+        view = np.lib.stride_tricks.as_strided(raw, shape=t.shape, strides=tuple(s * item for s in t.strides))
         return np.array(view, copy=True)
 
     def _buffer_alloc(self, buf: Any, what: str) -> Allocation:
