@@ -1,0 +1,306 @@
+#include "rowops.hpp"
+
+#include <immintrin.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "simd.hpp"
+#include "util.hpp"
+
+namespace tandem::kernels::ops {
+
+namespace {
+
+constexpr int kLanes = 32;          // independent accumulators: two AVX-512 registers
+constexpr int64_t kBlock = 2048;    // elements summed in float before moving to double
+
+inline float reduce_lanes(float* acc) {
+  for (int w = kLanes / 2; w > 0; w /= 2)
+    for (int j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
+// Sum of f(x[i]) over a run. Float lane accumulators vectorise without
+// reassociating anything the compiler would refuse to; each block's total
+// goes into a double so long runs keep their precision.
+template <class F>
+inline __attribute__((always_inline)) double blocked_sum(const float* x, int64_t n, F f) {
+  double total = 0.0;
+  int64_t i = 0;
+  while (i < n) {
+    const int64_t end = n - i > kBlock ? i + kBlock : n;
+    float acc[kLanes] = {};
+    for (; i + kLanes <= end; i += kLanes)
+      for (int j = 0; j < kLanes; ++j) acc[j] += f(x[i + j]);
+    float tail = 0.0f;
+    for (; i < end; ++i) tail += f(x[i]);
+    total += static_cast<double>(reduce_lanes(acc)) + static_cast<double>(tail);
+  }
+  return total;
+}
+
+struct Identity {
+  float operator()(float v) const { return v; }
+};
+struct Square {
+  float operator()(float v) const { return v * v; }
+};
+struct SquareDev {
+  float c;
+  float operator()(float v) const { return (v - c) * (v - c); }
+};
+
+}  // namespace
+
+TD_CLONES void add(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
+}
+TD_CLONES void sub(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] - b[i];
+}
+TD_CLONES void mul(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i];
+}
+TD_CLONES void div(const float* a, const float* b, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b[i];
+}
+TD_CLONES void add_s(const float* a, float s, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + s;
+}
+TD_CLONES void sub_s(const float* a, float s, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] - s;
+}
+TD_CLONES void mul_s(const float* a, float s, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] * s;
+}
+TD_CLONES void div_s(const float* a, float s, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = a[i] / s;
+}
+
+TD_CLONES void relu(const float* x, float* o, int64_t n) {
+  // Selecting on x < 0 lets NaN through, as torch does.
+  for (int64_t i = 0; i < n; ++i) o[i] = x[i] < 0.0f ? 0.0f : x[i];
+}
+TD_CLONES void gelu(const float* x, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = simd::gelu_erf(x[i]);
+}
+TD_CLONES void gelu_tanh(const float* x, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = simd::gelu_tanh(x[i]);
+}
+TD_CLONES void silu(const float* x, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = simd::silu(x[i]);
+}
+TD_CLONES void tanh(const float* x, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = simd::tanh(x[i]);
+}
+TD_CLONES void exp(const float* x, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = simd::exp(x[i]);
+}
+
+TD_CLONES double sum(const float* x, int64_t n) { return blocked_sum(x, n, Identity{}); }
+TD_CLONES double sum_sq(const float* x, int64_t n) { return blocked_sum(x, n, Square{}); }
+TD_CLONES double sum_sq_dev(const float* x, int64_t n, float c) { return blocked_sum(x, n, SquareDev{c}); }
+
+TD_CLONES float max(const float* x, int64_t n) {
+  float m[kLanes];
+  int32_t nan[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    m[j] = -std::numeric_limits<float>::infinity();
+    nan[j] = 0;
+  }
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = x[i + j];
+      m[j] = v > m[j] ? v : m[j];
+      nan[j] |= static_cast<int32_t>(v != v);
+    }
+  }
+  float best = -std::numeric_limits<float>::infinity();
+  int32_t any_nan = 0;
+  for (int j = 0; j < kLanes; ++j) {
+    best = m[j] > best ? m[j] : best;
+    any_nan |= nan[j];
+  }
+  for (; i < n; ++i) {
+    best = x[i] > best ? x[i] : best;
+    any_nan |= static_cast<int32_t>(x[i] != x[i]);
+  }
+  return any_nan ? std::numeric_limits<float>::quiet_NaN() : best;
+}
+
+int64_t argmax(const float* x, int64_t n) {
+  if (n <= 0) return 0;
+  const float m = max(x, n);
+  if (m != m) {
+    for (int64_t i = 0; i < n; ++i)
+      if (x[i] != x[i]) return i;
+  }
+  for (int64_t i = 0; i < n; ++i)
+    if (x[i] == m) return i;
+  return 0;
+}
+
+TD_CLONES float scale_mask_max(const float* x, const float* mask, float scale, float* o, int64_t n) {
+  if (mask != nullptr) {
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] * scale + mask[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = x[i] * scale;
+  }
+  return max(o, n);
+}
+
+TD_CLONES double exp_sub_sum(const float* x, float c, float* o, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) o[i] = simd::exp(x[i] - c);
+  return sum(o, n);
+}
+
+TD_CLONES void norm_affine(const float* x, const float* g, const float* b, float mean, float rstd, float* o,
+                           int64_t n) {
+  if (g != nullptr && b != nullptr) {
+    for (int64_t i = 0; i < n; ++i) o[i] = (x[i] - mean) * rstd * g[i] + b[i];
+  } else if (g != nullptr) {
+    for (int64_t i = 0; i < n; ++i) o[i] = (x[i] - mean) * rstd * g[i];
+  } else {
+    for (int64_t i = 0; i < n; ++i) o[i] = (x[i] - mean) * rstd;
+  }
+}
+
+TD_CLONES void axpy(float a, const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
+}
+
+TD_CLONES void bf16_to_f32(const uint16_t* s, float* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) d[i] = simd::as_float(static_cast<uint32_t>(s[i]) << 16);
+}
+
+TD_CLONES void f32_to_bf16(const float* s, uint16_t* d, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t x = simd::as_bits(s[i]);
+    const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // nearest even
+    const uint32_t quiet = (x >> 16) | 0x40u;                         // NaN stays NaN
+    d[i] = static_cast<uint16_t>((x & 0x7fffffffu) > 0x7f800000u ? quiet : rounded);
+  }
+}
+
+namespace {
+// F16C converts eight halves per instruction; the compiler does not
+// vectorise _Float16 conversions on its own, so these use intrinsics.
+__attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, float* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(d + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + i))));
+  for (; i < n; ++i) d[i] = _cvtsh_ss(s[i]);
+}
+__attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* s, uint16_t* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(d + i),
+                     _mm256_cvtps_ph(_mm256_loadu_ps(s + i), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+  for (; i < n; ++i) d[i] = float_to_half(s[i]);
+}
+bool has_f16c() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+}  // namespace
+
+void f16_to_f32(const uint16_t* s, float* d, int64_t n) {
+  if (has_f16c()) {
+    f16_to_f32_f16c(s, d, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) d[i] = half_to_float(s[i]);
+}
+
+void f32_to_f16(const float* s, uint16_t* d, int64_t n) {
+  if (has_f16c()) {
+    f32_to_f16_f16c(s, d, n);
+    return;
+  }
+  for (int64_t i = 0; i < n; ++i) d[i] = float_to_half(s[i]);
+}
+
+void load(const void* p, int32_t dt, int64_t s, int64_t n, float* dst) {
+  switch (dt) {
+    case TD_FLOAT32: {
+      const float* x = static_cast<const float*>(p);
+      if (s == 1) {
+        std::memcpy(dst, x, static_cast<size_t>(n) * sizeof(float));
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = x[i * s];
+      }
+      return;
+    }
+    case TD_FLOAT16: {
+      const uint16_t* x = static_cast<const uint16_t*>(p);
+      if (s == 1) {
+        f16_to_f32(x, dst, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = half_to_float(x[i * s]);
+      }
+      return;
+    }
+    case TD_BFLOAT16: {
+      const uint16_t* x = static_cast<const uint16_t*>(p);
+      if (s == 1) {
+        bf16_to_f32(x, dst, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(x[i * s]);
+      }
+      return;
+    }
+    case TD_INT32: {
+      const int32_t* x = static_cast<const int32_t*>(p);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(x[i * s]);
+      return;
+    }
+    case TD_INT64: {
+      const int64_t* x = static_cast<const int64_t*>(p);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(x[i * s]);
+      return;
+    }
+    case TD_UINT8: {
+      const uint8_t* x = static_cast<const uint8_t*>(p);
+      for (int64_t i = 0; i < n; ++i) dst[i] = static_cast<float>(x[i * s]);
+      return;
+    }
+    default:
+      for (int64_t i = 0; i < n; ++i) dst[i] = 0.0f;
+  }
+}
+
+void store(const float* src, void* p, int32_t dt, int64_t s, int64_t n) {
+  switch (dt) {
+    case TD_FLOAT32: {
+      float* y = static_cast<float*>(p);
+      if (s == 1) {
+        if (y != src) std::memmove(y, src, static_cast<size_t>(n) * sizeof(float));
+      } else {
+        for (int64_t i = 0; i < n; ++i) y[i * s] = src[i];
+      }
+      return;
+    }
+    case TD_FLOAT16: {
+      uint16_t* y = static_cast<uint16_t*>(p);
+      if (s == 1) {
+        f32_to_f16(src, y, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) y[i * s] = float_to_half(src[i]);
+      }
+      return;
+    }
+    case TD_BFLOAT16: {
+      uint16_t* y = static_cast<uint16_t*>(p);
+      if (s == 1) {
+        f32_to_bf16(src, y, n);
+      } else {
+        for (int64_t i = 0; i < n; ++i) y[i * s] = float_to_bf16(src[i]);
+      }
+      return;
+    }
+    default:
+      return;
+  }
+}
+
+}  // namespace tandem::kernels::ops
