@@ -88,6 +88,8 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
         if len(shape) != len(spec.shape):
             raise TypeError(f"parameter '{p.name}': expected {len(spec.shape)} dims {spec.shape}, got shape {shape}")
         for axis, (want, got) in enumerate(zip(spec.shape, shape)):
+            if got <= 0:
+                raise ValueError(f"parameter '{p.name}': dim {axis} is {got}; dims must be positive (shape {shape})")
             if isinstance(want, int):
                 if want != got:
                     raise TypeError(f"parameter '{p.name}': dim {axis} must be {want}, got {got} (shape {shape})")

@@ -18,6 +18,7 @@ __all__ = ["Program", "program", "Param"]
 class Param:
     name: str
     spec: TensorSpec | Scalar
+    keyword_only: bool = False
 
     @property
     def is_tensor(self) -> bool:
@@ -34,6 +35,12 @@ class Program:
         self.callbacks: dict[str, int | None] = _parse_callbacks(self.name, callbacks)
         self.symbols: tuple[str, ...] = tuple(dict.fromkeys(
             s for p in self.params if isinstance(p.spec, TensorSpec) for s in p.spec.symbols))
+
+    def invoke(self, run: Any, values: Sequence[Any]) -> Any:
+        """Calls the orchestration function with one value per declared parameter."""
+        pos = [v for p, v in zip(self.params, values) if not p.keyword_only]
+        kw = {p.name: v for p, v in zip(self.params, values) if p.keyword_only}
+        return self.fn(run, *pos, **kw)
 
     def prepare(self, *, device: str = "cpu", workers: int | None = None, depth: int = 2,
                 bounds: Mapping[str, int] | None = None, callbacks: Mapping[str, Callable[..., Any]] | None = None,
@@ -91,7 +98,7 @@ def _parse_signature(fn: Callable[..., Any]) -> tuple[Param, ...]:
         if not isinstance(spec, (TensorSpec, Scalar)):
             raise TypeError(f"program {name}: parameter '{p.name}' is annotated {spec!r}; "
                             "expected In(...), Out(...), InOut(...) or Scalar(type)")
-        out.append(Param(p.name, spec))
+        out.append(Param(p.name, spec, p.kind == p.KEYWORD_ONLY))
     return tuple(out)
 
 

@@ -161,8 +161,8 @@ class Run:
                 raise ValueError(f"scratch arena exhausted: this run needs at least {self._scratch_used} bytes, the "
                                  f"slot has {have} (prepare() sizes it from a planning run at the bounds; pass "
                                  "scratch_bytes= for orchestration that needs more)")
-        return DeviceTensor(alloc if alloc is not None else self._rt._planning_alloc(), offset, tuple(dims),
-                            contiguous_strides(dims), dt)
+        assert alloc is not None
+        return DeviceTensor(alloc, offset, tuple(dims), contiguous_strides(dims), dt)
 
     def split(self, t: DeviceTensor, parts: int | None = None, axis: int = 0) -> list[DeviceTensor]:
         """Views of `t` cut into `parts` near-equal pieces along `axis` (default: one per worker)."""

@@ -153,6 +153,8 @@ class Runtime(DeviceMemoryHandle):
         _check_callbacks(prog, callbacks)
 
         self._state_lock = threading.RLock()
+        self._state_cv = threading.Condition(self._state_lock)
+        self._launching = 0  # leases handed out and not yet launched (or abandoned)
         self._admit_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
@@ -161,7 +163,6 @@ class Runtime(DeviceMemoryHandle):
         self._inflight: dict[int, InFlight] = {}  # by native run id, in launch order
         self._kernels: dict[int, tuple[Any, Any]] = {}  # id(kernel object) -> (native kernel, object)
         self._callbacks: dict[str, Any] = {}
-        self._planning: Allocation | None = None
         self._host_spans: list[tuple[int, int, str, int, int]] | None = None  # when tracing
         self._device: _native.Device | None = None
         self._engine: _native.Engine | None = None
@@ -184,25 +185,23 @@ class Runtime(DeviceMemoryHandle):
         return self._engine.workers if self._engine is not None else 0
 
     def _planning_alloc(self) -> Allocation:
-        if self._planning is None:
-            self._planning = Allocation(self, _native.Buffer(0, 0, 0, _PLANNING_BUFFER_SIZE), "planning")
-        return self._planning
+        """A stand-in allocation for the planning pass: nothing behind it is ever touched."""
+        return Allocation(self, _native.Buffer(0, 0, 0, _PLANNING_BUFFER_SIZE), "planning")
 
     def _plan_scratch(self) -> int:
         """Runs the orchestration once at the bounds, without the device, to size scratch."""
         prog = self.program
-        alloc = self._planning_alloc()
         dims = dict(self.bounds)
         args: list[Any] = []
-        for p in prog.params:
+        for p in prog.params:  # each parameter its own allocation, as in a real run
             if isinstance(p.spec, TensorSpec):
                 shape = tuple(d if isinstance(d, int) else dims[d] for d in p.spec.shape)
-                args.append(DeviceTensor(alloc, 0, shape, contiguous_strides(shape), p.spec.dtype))
+                args.append(DeviceTensor(self._planning_alloc(), 0, shape, contiguous_strides(shape), p.spec.dtype))
             else:
                 args.append(p.spec.type())
-        run = Run(self, None, None, {s: dims[s] for s in prog.symbols}, None)
+        run = Run(self, None, None, {s: dims[s] for s in prog.symbols}, self._planning_alloc())
         try:
-            prog.fn(run, *args)
+            prog.invoke(run, args)
         except (TypeError, ValueError) as e:
             raise type(e)(f"{prog.name}: the planning pass at the bounds {self.bounds} failed: {e} "
                           "(pass scratch_bytes= to skip planning)") from e
@@ -245,8 +244,7 @@ class Runtime(DeviceMemoryHandle):
         """FIFO admission for threads: reaps the oldest run in flight when no slot is free."""
         with self._admit_lock:
             while True:
-                self._check_open()
-                lease = self._slots.try_lease()
+                lease = self._try_admit()
                 if lease is not None:
                     return lease
                 with self._state_lock:
@@ -258,14 +256,37 @@ class Runtime(DeviceMemoryHandle):
                     threading.Event().wait(0.0005)
 
     def _try_admit(self) -> Lease | None:
-        self._check_open()
-        return self._slots.try_lease()
+        """A slot lease if one is free. The caller must pass it to _launch() or _abandon()."""
+        with self._state_lock:  # atomically with close(): a lease handed out is waited for
+            self._check_open()
+            lease = self._slots.try_lease()
+            if lease is not None:
+                self._launching += 1
+            return lease
+
+    def _abandon(self, lease: Lease) -> None:
+        """Gives back a lease that will not be launched (e.g. the caller was cancelled)."""
+        try:
+            self._slots.release(lease)
+        finally:
+            self._launched()
+
+    def _launched(self) -> None:
+        with self._state_cv:
+            self._launching -= 1
+            self._state_cv.notify_all()
 
     def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> InFlight:
         """Stages inputs through the slot, orchestrates and seals. Releases the lease on failure.
 
         admit_start_ns: when the caller began waiting for the slot (for the trace).
         """
+        try:
+            return self._launch_leased(call, lease, notify, admit_start_ns)
+        finally:
+            self._launched()
+
+    def _launch_leased(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int) -> InFlight:
         assert self._engine is not None
         slot = lease.slot
         engine = self._engine
@@ -309,7 +330,7 @@ class Runtime(DeviceMemoryHandle):
                 fn_args.append(view)
             run = Run(self, native, slot, call.dims, slot.scratch)
             t_staged = engine.now_ns() if spans is not None else 0
-            self.program.fn(run, *fn_args)
+            self.program.invoke(run, fn_args)
             for view, buf in copy_backs:
                 engine.submit_copy_back(native, view._native_arg(), buf.addr)
             engine.seal(native)
@@ -561,8 +582,10 @@ class Runtime(DeviceMemoryHandle):
         with self._close_lock:
             if self._closed:
                 return
-            self._closing = True
-            with self._admit_lock:  # no launch is half-way through once we hold this
+            with self._state_cv:
+                self._closing = True  # from here no lease is handed out
+                self._state_cv.wait_for(lambda: self._launching == 0)  # launches under way finish
+            with self._admit_lock:
                 while True:
                     with self._state_lock:
                         pending = list(self._inflight.values())

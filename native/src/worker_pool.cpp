@@ -1,13 +1,16 @@
 #include "tandem/worker_pool.hpp"
 
+#include <chrono>
+
 #include "tandem/task_graph.hpp"
 
 namespace tandem {
 
 namespace {
-// Polls before sleeping: a task that arrives within a few microseconds is
-// picked up without a futex wake-up. Short enough not to count as idle spinning.
-constexpr int kSpinPolls = 2000;
+// Polls before sleeping: a task that arrives within this window is picked up
+// without a futex wake-up, which costs tens of microseconds under a hypervisor
+// (a cross-CPU interrupt). Bounded, so an idle pool still goes to sleep.
+constexpr auto kSpinWindow = std::chrono::microseconds(200);
 }  // namespace
 
 WorkerPool::WorkerPool(int threads, TaskRunner& runner) : runner_(runner) {
@@ -50,10 +53,15 @@ void WorkerPool::push(const std::vector<Task*>& ts) {
 }
 
 Task* WorkerPool::pop() {
-  for (int i = 0; i < kSpinPolls && queued_.load(std::memory_order_relaxed) == 0; ++i) {
+  if (queued_.load(std::memory_order_relaxed) == 0) {
+    const auto until = std::chrono::steady_clock::now() + kSpinWindow;
+    do {
+      for (int i = 0; i < 64 && queued_.load(std::memory_order_relaxed) == 0; ++i) {
 #if defined(__x86_64__)
-    __builtin_ia32_pause();
+        __builtin_ia32_pause();
 #endif
+      }
+    } while (queued_.load(std::memory_order_relaxed) == 0 && std::chrono::steady_clock::now() < until);
   }
   std::unique_lock<std::mutex> lock(mu_);
   while (queue_.empty()) {
