@@ -1,0 +1,334 @@
+"""Pipelining: depth-bounded runs in flight, FIFO admission, slot leases, cross-run ordering."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import engine
+from engine import In, InOut, Out, Scalar
+from engine.slots import Lease, Slot, SlotPool, StaleLeaseError
+
+from .conftest import Gate, k_copy
+
+
+# -- SlotPool ---------------------------------------------------------------------------------
+def make_pool(n):
+    return SlotPool([Slot(i, {}, None, None) for i in range(n)])
+
+
+def test_slot_pool_leases_each_slot_once_and_then_runs_dry():
+    pool = make_pool(3)
+    assert pool.depth == 3 and pool.free_count == 3
+    leases = [pool.try_lease() for _ in range(3)]
+    assert all(isinstance(l, Lease) for l in leases)
+    assert sorted(l.slot.index for l in leases) == [0, 1, 2]
+    assert pool.try_lease() is None
+    assert pool.free_count == 0
+    for l in leases:
+        pool.release(l)
+    assert pool.free_count == 3
+
+
+def test_release_advances_the_generation_and_a_stale_lease_is_rejected():
+    pool = make_pool(1)
+    first = pool.try_lease()
+    gen = first.generation
+    pool.release(first)
+    assert first.slot.generation == gen + 1
+    with pytest.raises(StaleLeaseError):
+        pool.release(first)  # released twice
+    assert pool.free_count == 1
+    second = pool.try_lease()
+    assert second.slot is first.slot and second.generation == gen + 1
+    with pytest.raises(StaleLeaseError):
+        pool.release(first)  # a lease from an earlier run cannot release the new holder's slot
+    assert pool.free_count == 0
+    pool.release(second)
+    assert pool.free_count == 1
+    assert issubclass(StaleLeaseError, ValueError)
+
+
+def test_slots_are_handed_out_in_release_order():
+    pool = make_pool(3)
+    a, b, c = (pool.try_lease() for _ in range(3))
+    pool.release(b)
+    pool.release(a)
+    assert pool.try_lease().slot is b.slot
+    assert pool.try_lease().slot is a.slot
+
+
+def test_concurrent_lease_release_keeps_every_release_exactly_once():
+    pool = make_pool(4)
+    errors, counts = [], [0] * 4
+    lock = threading.Lock()
+
+    def worker():
+        for _ in range(2000):
+            lease = pool.try_lease()
+            if lease is None:
+                continue
+            with lock:
+                counts[lease.slot.index] += 1
+            pool.release(lease)
+            try:
+                pool.release(lease)
+                errors.append("double release accepted")
+            except StaleLeaseError:
+                pass
+
+    threads = [threading.Thread(target=worker) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert pool.free_count == 4
+    assert sum(s.generation for s in pool.slots) == sum(counts)
+
+
+# -- depth and admission -------------------------------------------------------------------------
+def gated_runtime(prepared, depth, workers=2, log=None):
+    gate = Gate()
+    gk = gate.kernel()
+
+    @engine.program
+    def prog(run, x: In((4,)), y: Out((4,)), key: Scalar(int)):
+        if not run.planning:
+            gate.record("admitted", key)
+        run.submit(gk, x, out=y, key=key)
+
+    return prepared(prog, depth=depth, workers=workers), gate
+
+
+def test_up_to_depth_runs_are_in_flight_and_the_next_submit_blocks_until_the_oldest_is_released(prepared):
+    rt, gate = gated_runtime(prepared, depth=2)
+    x = np.zeros(4, np.float32)
+    try:
+        h1 = rt.submit(x, key=1)
+        h2 = rt.submit(x, key=2)  # does not block: depth is 2
+        assert rt.memory_stats()["free_slots"] == 0
+        got = {}
+        t = threading.Thread(target=lambda: got.setdefault("h3", rt.submit(x, key=3)))
+        t.start()
+        t.join(0.1)
+        assert t.is_alive(), "a third submit did not block at depth 2"
+        gate.open(2)  # the newer run completes ...
+        assert h2.wait(10)
+        t.join(0.1)
+        assert t.is_alive(), "admitted before the oldest run was released"
+        gate.open(1)  # ... the oldest is what admission waits for
+        t.join(10)
+        assert not t.is_alive()
+        gate.open(3)
+        np.testing.assert_array_equal(got["h3"].result(10), x + 3)
+        np.testing.assert_array_equal(h1.result(10), x + 1)
+        np.testing.assert_array_equal(h2.result(10), x + 2)
+    finally:
+        gate.open_all()
+    ev = gate.events
+    assert ev.index(("end", 1)) < ev.index(("admitted", 3))
+
+
+def test_back_pressure_admits_each_run_after_the_run_depth_places_before_it(prepared):
+    depth, n = 2, 8
+    rt, gate = gated_runtime(prepared, depth=depth)
+    x = np.zeros(4, np.float32)
+    handles = {}
+
+    def submitter():
+        for k in range(1, n + 1):
+            handles[k] = rt.submit(x, key=k)
+
+    t = threading.Thread(target=submitter)
+    t.start()
+    try:
+        # open the gates newest-first within each window so completion order differs from submission order
+        for k in range(1, n + 1):
+            assert gate.wait_started(k, 10) or k > n
+            if k % 2 == 1 and k + 1 <= n:
+                assert gate.wait_started(k + 1, 10)
+                gate.open(k + 1)
+                time.sleep(0.01)
+                gate.open(k)
+        t.join(20)
+        assert not t.is_alive()
+    finally:
+        gate.open_all()
+        t.join(20)
+    for k, h in handles.items():
+        np.testing.assert_array_equal(h.result(10), x + k)
+    ev = gate.events
+    admitted = [k for what, k in ev if what == "admitted"]
+    assert admitted == list(range(1, n + 1)), "runs were admitted out of submission order"
+    for k in range(depth + 1, n + 1):
+        assert ev.index(("end", k - depth)) < ev.index(("admitted", k)), \
+            f"run {k} was admitted while run {k - depth} was still in flight"
+
+
+def test_blocked_submitters_are_admitted_first_come_first_served(prepared):
+    rt, gate = gated_runtime(prepared, depth=1)
+    x = np.zeros(4, np.float32)
+    h0 = rt.submit(x, key=100)
+    results, threads = {}, []
+    try:
+        for k in (1, 2, 3):
+            t = threading.Thread(target=lambda k=k: results.setdefault(k, rt.submit(x, key=k)))
+            t.start()
+            t.join(0.1)  # give it time to block before the next one arrives
+            assert t.is_alive()
+            threads.append(t)
+        gate.open_all()
+        for t in threads:
+            t.join(20)
+    finally:
+        gate.open_all()
+    for k in (1, 2, 3):
+        np.testing.assert_array_equal(results[k].result(10), x + k)
+    h0.result(10)
+    admitted = [k for what, k in gate.events if what == "admitted"]
+    assert admitted == [100, 1, 2, 3]
+
+
+def test_runs_in_flight_overlap_on_the_workers(prepared):
+    barrier = threading.Barrier(2, timeout=10)
+
+    @engine.host_kernel
+    def meet(a, out):
+        barrier.wait()  # both runs' tasks must be executing at the same time
+        out[...] = a
+
+    @engine.program
+    def prog(run, x: In((4,)), y: Out((4,))):
+        run.submit(meet, x, out=y)
+
+    rt = prepared(prog, depth=2, workers=2)
+    x1, x2 = np.ones(4, np.float32), np.full(4, 2, np.float32)
+    h1, h2 = rt.submit(x1), rt.submit(x2)
+    np.testing.assert_array_equal(h1.result(20), x1)
+    np.testing.assert_array_equal(h2.result(20), x2)
+
+
+def test_orchestration_of_the_next_run_proceeds_while_the_previous_executes(prepared):
+    rt, gate = gated_runtime(prepared, depth=2)
+    x = np.zeros(4, np.float32)
+    try:
+        h1 = rt.submit(x, key=1)
+        assert gate.wait_started(1)
+        h2 = rt.submit(x, key=2)  # returns although run 1 is still executing
+        assert not h1.done
+        assert ("admitted", 2) in gate.events
+    finally:
+        gate.open_all()
+    np.testing.assert_array_equal(h2.result(10), x + 2)
+    np.testing.assert_array_equal(h1.result(10), x + 1)
+
+
+def test_each_run_in_flight_keeps_its_own_inputs(prepared):
+    rt, gate = gated_runtime(prepared, depth=3)
+    xs = [np.full(4, 10 * i, np.float32) for i in range(3)]
+    try:
+        hs = [rt.submit(x, key=i) for i, x in enumerate(xs)]
+        for x in xs:
+            x[...] = -1  # callers may reuse their arrays once submit returned: inputs were staged
+    finally:
+        gate.open_all()
+    for i, h in enumerate(hs):
+        np.testing.assert_array_equal(h.result(10), 10 * i + i)
+
+
+# -- cross-run dependencies on resident tensors ----------------------------------------------------
+@engine.host_kernel(name="slow_write_row")
+def slow_write_row(x, out):
+    v = x.copy()
+    time.sleep(0.002)  # lets a wrongly unordered task interleave
+    out[...] = v
+
+
+@engine.host_kernel(name="slow_prefix_sum")
+def slow_prefix_sum(cache, out):
+    s = cache.sum(axis=0, keepdims=True)
+    time.sleep(0.001)
+    out[...] = s
+
+
+@engine.host_kernel(name="slow_accumulate")
+def slow_accumulate(state, x, out):
+    v = state + x
+    time.sleep(0.002)
+    out[...] = v
+
+
+T, D = 24, 8
+
+
+@engine.program
+def decode_step(run, x: In((1, D)), cache: InOut((T, D)), state: InOut((1, D)), y: Out((1, D)), pos: Scalar(int)):
+    run.submit(slow_write_row, x, out=cache[pos:pos + 1])
+    run.submit(slow_prefix_sum, cache[0:pos + 1], out=y)
+    run.submit(slow_accumulate, state, x, out=state)
+
+
+def test_kv_cache_resident_inout_is_updated_in_order_by_pipelined_runs(prepared):
+    rt = prepared(decode_step, depth=4, workers=2)
+    rng = np.random.default_rng(2)
+    xs = [rng.standard_normal((1, D)).astype(np.float32) for _ in range(T)]
+    cache = rt.alloc_tensor((T, D), "float32", init=np.zeros((T, D), np.float32))
+    state = rt.alloc_tensor((1, D), "float32", init=np.zeros((1, D), np.float32))
+    s0 = rt.memory_stats()
+    handles = [rt.submit(x, cache, state, pos=i) for i, x in enumerate(xs)]  # no waiting in between
+    ys = [h.result(30)[2] for h in handles]
+    s1 = rt.memory_stats()
+    xs_all = np.concatenate(xs)
+    for i, y in enumerate(ys):
+        np.testing.assert_allclose(y[0], xs_all[: i + 1].sum(axis=0), rtol=1e-5, atol=1e-5,
+                                   err_msg=f"step {i} saw a cache out of order")
+    np.testing.assert_allclose(cache.to_numpy(), xs_all, rtol=0, atol=0)
+    np.testing.assert_allclose(state.to_numpy()[0], xs_all.sum(axis=0), rtol=1e-5, atol=1e-5)
+    # only x in and y out crossed: the cache and the state stayed resident
+    assert s1["h2d_bytes"] - s0["h2d_bytes"] == T * xs[0].nbytes
+    assert s1["d2h_bytes"] - s0["d2h_bytes"] == T * D * 4
+
+
+def test_pipelined_runs_over_a_shared_resident_tensor_match_sequential_execution(prepared):
+    @engine.program
+    def step(run, x: In((1, D)), state: InOut((1, D)), y: Out((1, D))):
+        run.submit(slow_accumulate, state, x, out=state)
+        run.submit(k_copy, state, out=y)
+
+    rt_seq = prepared(step, depth=1, workers=1)
+    rt_par = prepared(step, depth=4, workers=2)
+    rng = np.random.default_rng(9)
+    xs = [rng.standard_normal((1, D)).astype(np.float32) for _ in range(20)]
+    s_seq = rt_seq.alloc_tensor((1, D), init=np.zeros((1, D), np.float32))
+    s_par = rt_par.alloc_tensor((1, D), init=np.zeros((1, D), np.float32))
+    expect = [rt_seq(x, s_seq)[1].copy() for x in xs]
+    handles = [rt_par.submit(x, s_par) for x in xs]
+    got = [h.result(30)[1] for h in handles]
+    for e, g in zip(expect, got):
+        np.testing.assert_array_equal(g, e)
+
+
+def test_resident_weights_only_per_run_inputs_cross_to_the_device(prepared):
+    @engine.host_kernel
+    def mm(a, b, out):
+        np.matmul(a, b, out=out)
+
+    @engine.program
+    def layer(run, x: In(("B", 16)), w: In((16, 16)), y: Out(("B", 16))):
+        run.submit(mm, x, w, out=y)
+
+    rt = prepared(layer, bounds={"B": 8}, depth=3, workers=2)
+    rng = np.random.default_rng(4)
+    w = rng.standard_normal((16, 16)).astype(np.float32)
+    w_dev = rt.alloc_tensor((16, 16), "float32", init=w)
+    xs = [rng.standard_normal((b, 16)).astype(np.float32) for b in (8, 3, 5, 1, 8, 2) * 3]
+    s0 = rt.memory_stats()
+    handles = [rt.submit(x, w_dev) for x in xs]
+    ys = [h.result(20) for h in handles]
+    s1 = rt.memory_stats()
+    assert s1["h2d_bytes"] - s0["h2d_bytes"] == sum(x.nbytes for x in xs)
+    assert s1["d2h_bytes"] - s0["d2h_bytes"] == sum(y.nbytes for y in ys)
+    for x, y in zip(xs, ys):
+        np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-4)
