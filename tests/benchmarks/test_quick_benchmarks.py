@@ -1,0 +1,59 @@
+"""Each benchmark runs in --quick mode and writes finite, positive figures.
+
+No wall-clock thresholds: ratios only, with generous margins."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+
+
+def run_quick(script: str, tmp_path: Path, *extra: str) -> dict:
+    out = tmp_path / f"{script}.json"
+    proc = subprocess.run([sys.executable, str(BENCH / f"{script}.py"), "--quick", "--json", str(out), *extra],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == script
+    env = data["environment"]
+    assert env["cores"] >= 1 and env["python"] and env["numpy"]
+    return data["figures"]
+
+
+def finite_positive(x: float) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_native_tasks_quick(tmp_path):
+    figures = run_quick("native_tasks", tmp_path)
+    assert {(g["shape"]) for g in figures["graphs"]} == {"wide", "chain"}
+    for g in figures["graphs"]:
+        assert finite_positive(g["native_total_ns_per_task"]["median"])
+        assert finite_positive(g["tasks_per_second"])
+
+
+@pytest.mark.parametrize("workers", [1])
+def test_overlap_quick_depth2_beats_depth1(tmp_path, workers):
+    figures = run_quick("overlap", tmp_path, "--workers", str(workers))
+    by_depth = {d["depth"]: d for d in figures["depths"]}
+    assert set(by_depth) == {1, 2, 3}
+    for d in by_depth.values():
+        assert finite_positive(d["fraction_of_bound"])
+    # Depth 1 cannot overlap host and device (about 0.5 of the bound); depth 2 must,
+    # by a generous margin on a shared machine.
+    assert by_depth[2]["fraction_of_bound"] > 1.3 * by_depth[1]["fraction_of_bound"]
+
+
+def test_demo_runs_and_checks_against_numpy():
+    proc = subprocess.run([sys.executable, "-m", "engine.cli", "demo", "--runs", "20", "--batch", "8"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK: outputs match numpy" in proc.stdout
+    assert "overlap figure" in proc.stdout
