@@ -1,0 +1,154 @@
+"""attention against a float64 reference (and torch's scaled_dot_product_attention
+where the semantics coincide): masks broadcast to [..., Sq, Skv], causal
+(bottom-right aligned for KV caches), kv_len over a pre-allocated cache whose
+tail holds NaN, strided q/k/v from a fused projection, query blocking, odd
+sizes. Tolerance: 1e-5 relative + 1e-5 absolute (float32).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+import engine.kernels as K
+from engine.dtypes import float32
+from tests.kernels.harness import HostTensor, empty, run, tensor
+
+TOL = {"rtol": 1e-5, "atol": 1e-5}
+
+
+def attn_ref(q, k, v, *, scale=None, causal=False, mask=None, kv_len=None):
+    length = k.shape[-2] if kv_len is None else kv_len
+    k, v = k[..., :length, :], v[..., :length, :]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    s = scale * q @ np.swapaxes(k, -1, -2)
+    if mask is not None:
+        s = s + mask[..., :length]
+    if causal:
+        sq = q.shape[-2]
+        i = np.arange(sq)[:, None]
+        j = np.arange(length)[None, :]
+        s = np.where(j > length - sq + i, -np.inf, s)
+    dead = np.isneginf(s).all(-1, keepdims=True)
+    s = np.where(dead, 0.0, s)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p = np.where(dead, 0.0, p / p.sum(-1, keepdims=True))
+    return p @ v
+
+
+def qkv(rng, b, h, sq, skv, d, dv=None, layout="contiguous"):
+    dv = d if dv is None else dv
+    return (tensor(rng.standard_normal((b, h, sq, d)), float32, layout),
+            tensor(rng.standard_normal((b, h, skv, d)), float32, layout),
+            tensor(rng.standard_normal((b, h, skv, dv)), float32, layout))
+
+
+@pytest.mark.parametrize("layout", ["contiguous", "strided", "transposed", "reversed"])
+@pytest.mark.parametrize("dims", [(2, 3, 13, 17, 8), (1, 2, 1, 29, 5), (1, 1, 33, 33, 31)], ids=str)
+def test_plain_matches_torch_sdpa(rng, layout, dims):
+    q, k, v = qkv(rng, *dims, layout=layout)
+    out = empty(q.shape, float32, "strided")
+    run(K.attention, q, k, v, out=out)
+    t = [torch.from_numpy(np.ascontiguousarray(x.f64())) for x in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*t).numpy()
+    np.testing.assert_allclose(out.array, ref, **TOL)
+
+
+def test_causal_square_matches_torch_sdpa(rng):
+    q, k, v = qkv(rng, 2, 3, 19, 19, 16)
+    out = empty(q.shape, float32)
+    run(K.attention, q, k, v, out=out, causal=True)
+    t = [torch.from_numpy(x.f64()) for x in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*t, is_causal=True).numpy()
+    np.testing.assert_allclose(out.array, ref, **TOL)
+
+
+@pytest.mark.parametrize("mshape", [(2, 1, 1, 23), (11, 23), (2, 3, 11, 23), (1, 3, 11, 1)], ids=str)
+def test_additive_mask_broadcast(rng, mshape):
+    q, k, v = qkv(rng, 2, 3, 11, 23, 8)
+    mv = np.where(rng.random(mshape) < 0.25, -np.inf, rng.standard_normal(mshape))
+    if mshape[-1] == 23:
+        mv[..., 0] = 0.0  # keep one key visible in every row
+    mask = tensor(mv, float32, "strided")
+    out = empty(q.shape, float32)
+    call = run(K.attention, q, k, v, out=out, mask=mask, scale=0.3)
+    assert call.names == ["q", "k", "v", "mask", "out"]
+    np.testing.assert_allclose(out.array, attn_ref(q.f64(), k.f64(), v.f64(), scale=0.3, mask=mask.f64()), **TOL)
+
+
+def test_padding_mask_matches_torch_sdpa(rng):
+    q, k, v = qkv(rng, 2, 4, 9, 9, 8)
+    lengths = [9, 5]
+    mv = np.zeros((2, 1, 1, 9))
+    for i, n in enumerate(lengths):
+        mv[i, ..., n:] = -np.inf
+    out = empty(q.shape, float32)
+    run(K.attention, q, k, v, out=out, mask=tensor(mv, float32))
+    t = [torch.from_numpy(x.f64()) for x in (q, k, v)]
+    ref = torch.nn.functional.scaled_dot_product_attention(*t, attn_mask=torch.from_numpy(mv)).numpy()
+    np.testing.assert_allclose(out.array, ref, **TOL)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sq,kv_len", [(1, 1), (1, 37), (4, 37), (37, 37)], ids=str)
+def test_kv_cache_prefix_ignores_the_tail(rng, causal, sq, kv_len):
+    cap = 64
+    q = tensor(rng.standard_normal((1, 2, sq, 12)), float32)
+    kc = rng.standard_normal((1, 2, cap, 12))
+    vc = rng.standard_normal((1, 2, cap, 12))
+    kc[..., kv_len:, :] = np.nan  # stale cache positions must never be read
+    vc[..., kv_len:, :] = np.nan
+    k, v = tensor(kc, float32), tensor(vc, float32)
+    out = empty(q.shape, float32)
+    run(K.attention, q, k, v, out=out, kv_len=kv_len, causal=causal)
+    ref = attn_ref(q.f64(), k.f64(), v.f64(), causal=causal, kv_len=kv_len)
+    np.testing.assert_allclose(out.array, ref, **TOL)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_query_blocks_long_context(rng, causal):
+    # L = 1031 keys: the score tile holds 31 query rows, so 67 queries take three blocks.
+    q, k, v = qkv(rng, 1, 2, 67, 1031, 8, dv=5)
+    out = empty(q.shape[:-1] + (5,), float32, "transposed")
+    run(K.attention, q, k, v, out=out, causal=causal)
+    np.testing.assert_allclose(out.array, attn_ref(q.f64(), k.f64(), v.f64(), causal=causal), **TOL)
+
+
+def test_fused_qkv_views(rng):
+    # [B, S, 3, H, D] projections viewed as [B, H, S, D] q, k, v without copies.
+    b, s, h, d = 2, 15, 3, 8
+    fused = rng.standard_normal((b, s, 3, h, d)).astype(np.float32)
+    q, k, v = (HostTensor(np.transpose(fused[:, :, i], (0, 2, 1, 3))) for i in range(3))
+    out_buf = np.full((b, s, h, d), np.nan, np.float32)  # written through a [B, H, S, D] view
+    out = HostTensor(np.transpose(out_buf, (0, 2, 1, 3)))
+    run(K.attention, q, k, v, out=out, causal=True)
+    np.testing.assert_allclose(out.array, attn_ref(q.f64(), k.f64(), v.f64(), causal=True), **TOL)
+
+
+@pytest.mark.parametrize("shape", [(13, 8), (3, 13, 8)], ids=str)
+def test_lower_rank(rng, shape):
+    q = tensor(rng.standard_normal(shape), float32)
+    k = tensor(rng.standard_normal(shape[:-2] + (21, 8)), float32)
+    v = tensor(rng.standard_normal(shape[:-2] + (21, 8)), float32)
+    out = empty(shape, float32)
+    run(K.attention, q, k, v, out=out)
+    np.testing.assert_allclose(out.array, attn_ref(q.f64(), k.f64(), v.f64()), **TOL)
+
+
+def test_fully_masked_row_gives_zeros(rng):
+    q, k, v = qkv(rng, 1, 1, 3, 5, 4)
+    mv = np.zeros((3, 5))
+    mv[1] = -np.inf
+    out = empty(q.shape, float32)
+    run(K.attention, q, k, v, out=out, mask=tensor(mv, float32))
+    np.testing.assert_array_equal(out.array[0, 0, 1], np.zeros(4))
+    np.testing.assert_allclose(out.array, attn_ref(q.f64(), k.f64(), v.f64(), mask=mv), **TOL)
+
+
+def test_default_scale_is_inverse_sqrt_d(rng):
+    q, k, v = qkv(rng, 1, 1, 4, 6, 9)
+    call = K.attention.bind((q, k, v), empty(q.shape, float32), {})
+    assert call.scalars == [1 / 3, 0, -1]
