@@ -1,1 +1,13 @@
-"""The async face of the engine, on anyio."""
+"""The async face of the engine, on anyio: works under asyncio and trio alike.
+
+    from scheduler import AsyncRuntime
+    async with AsyncRuntime(rt) as art:
+        y = await art.call(x)
+"""
+
+from scheduler._futures import InvalidStateError, RunFuture
+from scheduler._metrics import Percentiles, Stats
+from scheduler._stream import RunStream, StreamItemError
+from scheduler.runtime import AsyncRuntime
+
+__all__ = ["AsyncRuntime", "InvalidStateError", "Percentiles", "RunFuture", "RunStream", "Stats", "StreamItemError"]

@@ -1,0 +1,159 @@
+"""RunFuture: the awaitable outcome of one dispatched run."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Callable, Generator
+
+import anyio
+
+from engine.errors import RunCancelledError
+
+if TYPE_CHECKING:
+    from engine.runtime import InFlight
+
+__all__ = ["RunFuture", "InvalidStateError"]
+
+_PENDING, _DONE, _CANCELLED = 0, 1, 2
+
+
+class InvalidStateError(RuntimeError):
+    """result() or exception() was asked of a RunFuture that is not done yet."""
+
+
+class RunFuture:
+    """The outcome of one run: await it (any number of times, from several tasks) for its outputs.
+
+    done(), cancelled(), cancel(), result() and exception() follow
+    concurrent.futures: result() returns the outputs or raises the run's error
+    (engine.KernelError for a failing kernel); a cancelled future raises
+    engine.RunCancelledError from await, result() and exception().
+
+    The future belongs to the event loop that dispatched it; from another
+    thread reach it through anyio.from_thread.
+
+    Cancelling the run is explicit (cancel()): a task that is cancelled while
+    awaiting the future stops waiting, and the run goes on for the other
+    awaiters. AsyncRuntime.call() and stream() cancel the runs they own.
+    """
+
+    __slots__ = ("_inflight", "_state", "_result", "_error", "_event", "_callbacks", "run_id",
+                 "t_dispatch", "t_admit", "t_launch", "t_launched", "__weakref__")
+
+    def __init__(self, inflight: "InFlight", t_dispatch: int, t_admit: int, t_launch: int, t_launched: int) -> None:
+        self._inflight: InFlight | None = inflight
+        self._state = _PENDING
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self._event: anyio.Event | None = None  # made by the first awaiter that has to wait
+        self._callbacks: list[Callable[[RunFuture], None]] | None = None
+        self.run_id: int = inflight.id
+        # Engine-clock timestamps (ns) for the metrics: dispatch called, slot
+        # leased, orchestration started, run sealed.
+        self.t_dispatch = t_dispatch
+        self.t_admit = t_admit
+        self.t_launch = t_launch
+        self.t_launched = t_launched
+
+    # -- the concurrent.futures surface ----------------------------------------------
+    def done(self) -> bool:
+        return self._state != _PENDING
+
+    def cancelled(self) -> bool:
+        return self._state == _CANCELLED
+
+    def cancel(self) -> bool:
+        """Cancels the run: device work not yet started is skipped, work in progress finishes.
+
+        Returns False when the future is already done or the run already
+        completed on the device (its outcome is then delivered as usual). The
+        run keeps its slot until the device has let go of it; the completion
+        pump releases it then.
+        """
+        if self._state != _PENDING:
+            return False
+        inflight = self._inflight
+        assert inflight is not None
+        if not inflight.native.cancel():
+            return False
+        self._settle(_CANCELLED, None, RunCancelledError(f"run {self.run_id} was cancelled"))
+        return True
+
+    def result(self) -> Any:
+        """The run's outputs (one value, a tuple, or None); raises its error."""
+        if self._state == _PENDING:
+            raise InvalidStateError(f"run {self.run_id} is not done yet")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    def exception(self) -> BaseException | None:
+        """The run's error, or None when it succeeded. A cancelled future raises RunCancelledError."""
+        if self._state == _PENDING:
+            raise InvalidStateError(f"run {self.run_id} is not done yet")
+        if self._state == _CANCELLED:
+            assert self._error is not None
+            raise self._error
+        return self._error
+
+    def __await__(self) -> Generator[Any, None, Any]:
+        return self._wait().__await__()
+
+    async def _wait(self) -> Any:
+        if self._state == _PENDING:
+            event = self._event
+            if event is None:
+                event = self._event = anyio.Event()
+            await event.wait()
+        return self.result()
+
+    async def wait_done(self) -> None:
+        """Waits until the future is done, without taking its outcome."""
+        if self._state == _PENDING:
+            event = self._event
+            if event is None:
+                event = self._event = anyio.Event()
+            await event.wait()
+
+    def __repr__(self) -> str:
+        state = ("pending", "done", "cancelled")[self._state]
+        return f"<RunFuture run={self.run_id} {state}>"
+
+    # -- for the scheduler -----------------------------------------------------------------
+    @property
+    def inflight(self) -> "InFlight | None":
+        """The engine's record of the run until the future settles."""
+        return self._inflight
+
+    def add_done_callback(self, fn: Callable[["RunFuture"], None]) -> None:
+        """Calls fn(self) on the loop thread once the future is done (at once when it is)."""
+        if self._state != _PENDING:
+            fn(self)
+            return
+        if self._callbacks is None:
+            self._callbacks = []
+        self._callbacks.append(fn)
+
+    def _resolve(self, inflight: "InFlight") -> None:
+        """Takes the outcome of the finished run (ignored when the future was cancelled)."""
+        if self._state != _PENDING:
+            self._inflight = None
+            return
+        err = inflight.error()
+        self._settle(_DONE, None if err is not None else inflight.outcome(), err)
+
+    def _fail(self, error: BaseException) -> None:
+        if self._state == _PENDING:
+            self._settle(_DONE, None, error)
+        self._inflight = None
+
+    def _settle(self, state: int, result: Any, error: BaseException | None) -> None:
+        self._state = state
+        self._result = result
+        self._error = error
+        if state == _DONE:
+            self._inflight = None  # the run is over: let its native record go
+        if self._event is not None:
+            self._event.set()
+        callbacks, self._callbacks = self._callbacks, None
+        for fn in callbacks or ():
+            fn(self)

@@ -1,0 +1,441 @@
+"""AsyncRuntime: the async face of a prepared Runtime, on anyio (asyncio and trio alike).
+
+    async with AsyncRuntime(rt) as art:
+        fut = await art.dispatch(x, w)   # admitted, staged, orchestrated; the device may still run
+        y = await fut
+        y = await art.call(x, w)
+        async for y in art.stream(batches):
+            ...
+
+How a dispatch flows. The arguments are bound first (TypeError / ValueError
+raise here, before admission). Then a slot is leased: at once when one is free
+and nobody is queued, else the dispatch waits in a FIFO (scheduler._admission)
+and the slot is handed to it when a run ahead releases one. The run is then
+staged and orchestrated and dispatch returns its RunFuture.
+
+Where orchestration runs. By default on the loop thread, synchronously: it is
+short Python (staging copies and a few submits), and doing it inline avoids a
+thread hop per run. A dispatch that had to wait is launched by the completion
+pump in the same wake-up that freed its slot, so a waiter's run starts without
+waiting for its task to be scheduled and runs enter the task graph in
+admission order. With orchestrate_in_thread=True staging and orchestration run
+in a worker thread instead (scheduler._launch), in admission order, one batch
+per thread hop: for programs whose orchestration is heavy enough to delay
+other work on the loop. Binding always runs on the loop (it is validation).
+The loop never waits for the device: completions arrive through the
+notifier's fd (scheduler._pump); the only blocking wait is the error path of
+an orchestration that raised half-way, which waits for the tasks it already
+started.
+
+Cancellation. A dispatch cancelled while waiting for admission leaves no
+trace. RunFuture.cancel() after admission skips device work not yet started;
+work in progress finishes, the slot is released when the device lets go, the
+result is discarded and other runs are untouched. call() and stream() cancel
+their own runs when they are cancelled (fail_after, move_on_after, ...).
+
+Use from a plain thread: run an event loop in a blocking portal and call
+through it, e.g.
+
+    with anyio.from_thread.start_blocking_portal() as portal, \\
+            portal.wrap_async_context_manager(AsyncRuntime(rt)) as art:
+        y = portal.call(art.call, x)
+
+and from a worker thread started by the loop (anyio.to_thread.run_sync),
+anyio.from_thread.run(art.call, x). RunFuture and AsyncRuntime methods belong
+to the loop thread.
+
+One AsyncRuntime drives a Runtime at a time. While it does, submit runs
+through it (from threads as above) rather than through Runtime.submit(): slots
+that synchronous runs free are not announced on the notifier, so async
+waiters would only see them at the next async completion.
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any, Callable
+
+import anyio
+from anyio.lowlevel import checkpoint_if_cancelled
+
+from engine.errors import ClosedError, RunCancelledError
+from engine.runtime import Runtime
+from engine.slots import Lease
+from scheduler._admission import Admission
+from scheduler._futures import RunFuture
+from scheduler._launch import Job, Launched, ThreadLauncher
+from scheduler._metrics import Metrics, Stats
+from scheduler._pump import CompletionPump
+from scheduler._stream import RunStream, Source
+
+__all__ = ["AsyncRuntime"]
+
+_NEW, _OPEN, _CLOSING, _CLOSED = range(4)
+
+# Runtimes driven by an open AsyncRuntime: two pumps on one notifier would
+# steal each other's completions.
+_driven: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+
+
+class AsyncRuntime:
+    """An async context manager over a prepared Runtime.
+
+    orchestrate_in_thread: stage and orchestrate in a worker thread instead of
+    on the loop thread (see the module docstring).
+    close_runtime: aclose() also closes the Runtime (by default it stays open
+    for synchronous use or another AsyncRuntime).
+    metrics_window: how many recent runs stats() percentiles cover.
+    """
+
+    def __init__(self, runtime: Runtime, *, orchestrate_in_thread: bool = False, close_runtime: bool = False,
+                 metrics_window: int = 10_000) -> None:
+        if not isinstance(runtime, Runtime):
+            raise TypeError(f"AsyncRuntime wraps an engine.Runtime (from program.prepare()), "
+                            f"not {type(runtime).__name__}")
+        self._rt = runtime
+        self._threaded = bool(orchestrate_in_thread)
+        self._close_runtime = bool(close_runtime)
+        self._metrics = Metrics(metrics_window)
+        self._state = _NEW
+        self._pending: dict[int, RunFuture] = {}  # runs in flight (holding a slot), by native run id
+        self._admission: Admission[Job] = Admission(runtime._try_admit, self._on_grant, self._on_admission_failed)
+        self._launcher: ThreadLauncher | None = None
+        self._pump: CompletionPump | None = None
+        self._tg: Any = None
+        self._idle_event: anyio.Event | None = None
+        self._closed_event: anyio.Event | None = None
+        self._cancelling = False  # aclose(cancel_pending=True) is under way
+        self._engine: Any = None
+        self._now: Callable[[], int] = _zero_clock
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    async def __aenter__(self) -> "AsyncRuntime":
+        if self._state != _NEW:
+            raise RuntimeError("an AsyncRuntime is entered once; make a new one over the Runtime")
+        rt = self._rt
+        rt._check_open()
+        if rt in _driven:
+            raise RuntimeError(f"{rt!r} is already driven by an open AsyncRuntime")
+        # Hold the native engine: its notifier fd must stay open while the pump watches it,
+        # even if someone closes the Runtime underneath.
+        self._engine = rt._engine
+        self._now = self._engine.now_ns
+        self._closed_event = anyio.Event()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        try:
+            self._pump = CompletionPump(self._engine.notifier_fd, self._on_completions)
+            await self._pump.start(tg)
+            if self._threaded:
+                self._launcher = ThreadLauncher(self._launch_job, self._on_launched)
+                await tg.start(self._launcher.run)
+        except BaseException as e:
+            if self._pump is not None:
+                self._pump.stop()
+            await tg.__aexit__(type(e), e, e.__traceback__)
+            raise
+        self._tg = tg
+        _driven.add(rt)
+        self._state = _OPEN
+        return self
+
+    async def __aexit__(self, exc_type: Any, exc: Any, tb: Any) -> bool | None:
+        """Closes; when the body raised (or was cancelled) the runs in flight are cancelled, not drained."""
+        try:
+            with anyio.CancelScope(shield=True):
+                await self.aclose(cancel_pending=exc_type is not None)
+        finally:
+            tg, self._tg = self._tg, None
+            result = await tg.__aexit__(exc_type, exc, tb)
+        return result
+
+    async def aclose(self, cancel_pending: bool = False) -> None:
+        """Stops admitting, then drains the runs in flight (or cancels them). Idempotent.
+
+        Dispatches still waiting for a slot raise engine.ClosedError; so does
+        every dispatch afterwards. If aclose itself is cancelled while
+        draining, it cancels the runs in flight and waits (shielded) for the
+        device to let go of their slots before it re-raises.
+        """
+        if self._state == _NEW:
+            self._state = _CLOSED
+            return
+        if self._state != _OPEN:
+            assert self._closed_event is not None
+            await self._closed_event.wait()
+            return
+        self._state = _CLOSING
+        try:
+            closed = ClosedError("the AsyncRuntime is closed")
+            self._admission.fail_all(closed)
+            if cancel_pending:
+                self._cancel_everything(closed)
+            try:
+                await self._wait_idle()
+            except BaseException:
+                with anyio.CancelScope(shield=True):
+                    self._cancel_everything(closed)
+                    await self._wait_idle()
+                raise
+        finally:
+            self._shutdown()
+        if self._close_runtime:
+            await anyio.to_thread.run_sync(self._rt.close)
+
+    def _cancel_everything(self, error: BaseException) -> None:
+        self._cancelling = True
+        if self._launcher is not None:
+            for job in self._launcher.withdraw_all():  # leased but never launched: no run exists
+                assert job.lease is not None
+                self._rt._abandon(job.lease)
+                job.settle(None, error)
+        for fut in list(self._pending.values()):
+            fut.cancel()
+
+    def _shutdown(self) -> None:
+        if self._pump is not None:
+            self._pump.stop()
+        if self._launcher is not None:
+            self._launcher.stop()
+        _driven.discard(self._rt)
+        self._state = _CLOSED
+        assert self._closed_event is not None
+        self._closed_event.set()
+
+    @property
+    def closed(self) -> bool:
+        return self._state >= _CLOSING
+
+    def _check_open(self) -> None:
+        if self._state != _OPEN:
+            if self._state == _NEW:
+                raise RuntimeError("enter the AsyncRuntime first: async with AsyncRuntime(rt) as art")
+            raise ClosedError("the AsyncRuntime is closed")
+
+    # -- dispatching ---------------------------------------------------------------------------
+    async def dispatch(self, *args: Any, **kwargs: Any) -> RunFuture:
+        """Admits, binds, stages and orchestrates one run; returns its future (the device may still run).
+
+        Waits (FIFO among waiters) while `depth` runs are in flight. Argument
+        errors raise here before admission; so does an error raised by the
+        program's orchestration function, after which the slot is released.
+        """
+        await checkpoint_if_cancelled()
+        self._check_open()
+        call = self._rt._bind(args, kwargs)
+        t0 = self._now()
+        lease = self._admission.try_acquire()
+        if lease is not None and not self._threaded:
+            return self._launch_here(call, lease, t0, t0)
+        job = Job(call, t0)
+        if lease is not None:
+            job.t_admit = t0
+            job.lease = lease
+            assert self._launcher is not None
+            self._launcher.submit(job)
+        else:
+            self._admission.enqueue(job)
+        try:
+            await job.wait()
+        except BaseException:
+            self._abandon(job)
+            raise
+        return job.outcome()
+
+    async def call(self, *args: Any, **kwargs: Any) -> Any:
+        """dispatch() and await the future in one; cancelling the call cancels the run."""
+        fut = await self.dispatch(*args, **kwargs)
+        if fut.done():
+            return fut.result()
+        try:
+            await fut.wait_done()
+        except BaseException:
+            fut.cancel()
+            raise
+        return fut.result()
+
+    def stream(self, source: Source, *, ordered: bool = True, depth: int | None = None) -> RunStream:
+        """An async iterator over the outputs of one run per source item.
+
+        source: a sync or async iterable of argument tuples (or single
+        arguments). Keeps `depth` runs in flight (default: the runtime's
+        depth). ordered=True yields outputs in input order; ordered=False
+        yields (index, output) pairs as runs complete. A failing item raises
+        scheduler.StreamItemError carrying its index; leaving the loop early
+        cancels the runs still in flight.
+        """
+        return RunStream(self, source, ordered=ordered, depth=depth)
+
+    def _launch_here(self, call: Any, lease: Lease, t_dispatch: int, t_admit: int) -> RunFuture:
+        """Stages and orchestrates on the loop thread; registers the run with the pump."""
+        t_launch = self._now()
+        try:
+            inflight = self._rt._launch(call, lease, True, t_dispatch)
+        except BaseException:
+            self._admission.refill()  # the failed launch released its slot
+            raise
+        fut = RunFuture(inflight, t_dispatch, t_admit, t_launch, self._now())
+        # No completion can be handled before this line: the pump runs on this thread.
+        self._pending[inflight.id] = fut
+        self._metrics.launched(fut)
+        return fut
+
+    def _on_grant(self, job: Job, lease: Lease) -> None:
+        """Admission handed `job` a slot (called on the loop thread, in FIFO order)."""
+        job.t_admit = self._now()
+        if self._launcher is not None:
+            job.lease = lease
+            self._launcher.submit(job)
+            return
+        call = job.call
+        assert call is not None
+        try:
+            fut = self._launch_here(call, lease, job.t_dispatch, job.t_admit)
+        except Exception as e:  # the orchestration's error belongs to that dispatch
+            job.settle(None, e)
+        else:
+            job.settle(fut)
+
+    def _on_admission_failed(self, job: Job, error: BaseException) -> None:
+        job.settle(None, error)
+
+    def _abandon(self, job: Job) -> None:
+        """The dispatch waiting on `job` was cancelled (or failed): undo what can be undone."""
+        if self._admission.remove(job):
+            return  # never admitted: no trace
+        if self._launcher is not None and self._launcher.withdraw(job):
+            assert job.lease is not None  # admitted but not launched: nothing reached the device
+            self._rt._abandon(job.lease)
+            job.settle(None, RunCancelledError("the dispatch was cancelled before its launch"))
+            self._admission.refill()
+            return
+        if job.future is not None:
+            job.future.cancel()  # admitted and launched: cancel the run
+        elif not job.settled:
+            job.abandoned = True  # launching in the worker thread right now: cancelled when it lands
+
+    # -- the worker-thread option ----------------------------------------------------------------
+    def _launch_job(self, job: Job) -> Launched:
+        """In the worker thread: stage and orchestrate one job."""
+        try:
+            assert job.call is not None and job.lease is not None
+            t_launch = self._now()
+            inflight = self._rt._launch(job.call, job.lease, True, job.t_dispatch)
+            return (inflight, t_launch, self._now())
+        except BaseException as e:
+            return e
+
+    def _on_launched(self, results: list[tuple[Job, Launched]]) -> None:
+        """On the loop thread: a batch of launches came back from the worker thread."""
+        freed = False
+        for job, res in results:
+            if isinstance(res, BaseException):
+                freed = True  # the failed launch released its slot
+                job.settle(None, res)
+                continue
+            inflight, t_launch, t_launched = res
+            fut = RunFuture(inflight, job.t_dispatch, job.t_admit, t_launch, t_launched)
+            self._metrics.launched(fut)
+            if inflight.native.done:
+                # The pump may already have drained this run's id (it was not
+                # registered yet): finish it here.
+                self._complete(fut, self._now())
+                freed = True
+            else:
+                self._pending[inflight.id] = fut
+            if job.abandoned or self._cancelling:
+                fut.cancel()
+            job.settle(fut)
+        if freed:
+            self._admission.refill()
+        self._check_idle()
+
+    # -- completions ------------------------------------------------------------------------------
+    def _on_completions(self) -> None:
+        """The pump woke up: finish every run completed since the last wake-up, then refill slots."""
+        ids = self._engine.drain_completed()
+        if ids:
+            pending = self._pending
+            now = self._now()
+            for rid in ids:
+                fut = pending.pop(rid, None)
+                if fut is not None:  # None: finished at registration (worker-thread launches)
+                    self._complete(fut, now)
+        self._admission.refill()
+        self._check_idle()
+
+    def _complete(self, fut: RunFuture, now: int) -> None:
+        inflight = fut.inflight
+        assert inflight is not None
+        try:
+            inflight.finish()  # outcome, write-backs, slot release (idempotent)
+        except Exception as e:  # a write-back into the caller's array failed: the run's error
+            self._metrics.finished(fut, inflight.native, True, fut.cancelled(), now)
+            fut._fail(e)
+            return
+        err = inflight.error()
+        cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
+        self._metrics.finished(fut, inflight.native, err is not None, cancelled, now)
+        fut._resolve(inflight)
+
+    def _check_idle(self) -> None:
+        if self._idle_event is not None and self._is_idle():
+            self._idle_event.set()
+            self._idle_event = None
+
+    def _is_idle(self) -> bool:
+        return not self._pending and (self._launcher is None or self._launcher.idle)
+
+    async def _wait_idle(self) -> None:
+        while not self._is_idle():
+            if self._idle_event is None:
+                self._idle_event = anyio.Event()
+            await self._idle_event.wait()
+
+    async def drain(self) -> None:
+        """Waits until no run is in flight: every admitted run has released its slot."""
+        await self._wait_idle()
+
+    # -- introspection -------------------------------------------------------------------------------
+    @property
+    def runtime(self) -> Runtime:
+        return self._rt
+
+    @property
+    def depth(self) -> int:
+        return self._rt.depth
+
+    @property
+    def orchestrate_in_thread(self) -> bool:
+        return self._threaded
+
+    @property
+    def in_flight(self) -> int:
+        """Runs admitted and not yet released (cancelled ones included until the device lets go)."""
+        return len(self._pending)
+
+    @property
+    def waiting(self) -> int:
+        """Dispatches waiting for a slot."""
+        return self._admission.waiting
+
+    def stats(self) -> Stats:
+        """Counts and timing percentiles of the runs so far (see scheduler.Stats)."""
+        return self._metrics.snapshot(len(self._pending))
+
+    def set_tracing(self, on: bool) -> None:
+        """Starts (or stops) recording spans and task timings for export_trace()."""
+        self._rt.set_tracing(on)
+
+    def export_trace(self, path: Any) -> None:
+        """Writes what was recorded since tracing started (or the last export) as Chrome trace JSON."""
+        self._rt.export_trace(path)
+
+    def __repr__(self) -> str:
+        state = ("new", "open", "closing", "closed")[self._state]
+        mode = "thread" if self._threaded else "loop"
+        return f"<AsyncRuntime {state} orchestration={mode} in_flight={len(self._pending)} over {self._rt!r}>"
+
+
+def _zero_clock() -> int:
+    return 0
