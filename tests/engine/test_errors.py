@@ -172,3 +172,23 @@ def test_failed_runs_do_not_leak_device_memory(prepared):
     s = rt.memory_stats()
     assert (s["total_allocations"], s["bytes_in_use"], s["live_allocations"]) == before
     assert s["free_slots"] == 2
+
+
+def test_a_failed_run_does_not_stall_later_runs_sharing_its_resident_tensor(prepared):
+    @engine.host_kernel(name="accumulate_or_fail")
+    def acc(s, x, out, fail):
+        if fail:
+            raise Boom("step failed")
+        out[...] = s + x
+
+    @engine.program
+    def step(run, x: In((4,)), s: InOut((4,)), fail: Scalar(int)):
+        run.submit(acc, s, x, out=s, fail=fail)
+
+    rt = prepared(step, depth=3, workers=2)
+    s = rt.alloc_tensor((4,), "float32", init=np.zeros(4, np.float32))
+    handles = [rt.submit(np.ones(4, np.float32), s, fail=int(i == 2)) for i in range(6)]
+    outcomes = [h.exception(10) for h in handles]
+    assert [type(e) for e in outcomes] == [type(None)] * 2 + [engine.KernelError] + [type(None)] * 3
+    assert "accumulate_or_fail" in str(outcomes[2])
+    np.testing.assert_array_equal(s.to_numpy(), 5)  # the failed step contributed nothing

@@ -332,3 +332,39 @@ def test_resident_weights_only_per_run_inputs_cross_to_the_device(prepared):
     assert s1["d2h_bytes"] - s0["d2h_bytes"] == sum(y.nbytes for y in ys)
     for x, y in zip(xs, ys):
         np.testing.assert_allclose(y, x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_every_run_releases_its_slot_exactly_once(prepared):
+    """Successful, failing and aborted runs each advance their slot's generation by exactly one."""
+
+    @engine.host_kernel(name="maybe_fail")
+    def maybe_fail(a, out, mode):
+        if mode == 1:
+            raise RuntimeError("kernel failure")
+        out[...] = a
+
+    @engine.program
+    def prog(run, x: In((4,)), y: Out((4,)), mode: Scalar(int)):
+        if mode == 2 and not run.planning:
+            raise KeyError("orchestration failure")
+        run.submit(maybe_fail, x, out=y, mode=mode)
+
+    rt = prepared(prog, depth=3, workers=2)
+    pool = rt._slots
+    start = sum(s.generation for s in pool.slots)
+    x = np.zeros(4, np.float32)
+    handles, leases = [], 0
+    for i in range(60):
+        mode = (0, 0, 1, 2)[i % 4]
+        leases += 1
+        try:
+            handles.append(rt.submit(x, mode=mode))
+        except KeyError:
+            pass
+    for h in handles:
+        h.wait(10)
+        h.wait(10)  # waiting again does not release again
+        h.exception()
+    assert pool.free_count == 3
+    assert sum(s.generation for s in pool.slots) - start == leases
+    assert not any(s.leased for s in pool.slots)

@@ -1,6 +1,7 @@
 """engine.Run inside orchestration: submit, scratch, views and split for tiling, host callbacks, host kernels."""
 
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -281,6 +282,13 @@ def test_multi_kernel_program_matches_numpy(prepared):
 
 
 # -- host callbacks -------------------------------------------------------------------------------
+@engine.host_kernel
+def slow_scale(a, out, factor):
+    v = a * factor
+    time.sleep(0.01)
+    out[...] = v
+
+
 def test_host_callback_sees_kernel_results_and_kernels_see_its_writes(prepared):
     log = []
 
@@ -292,7 +300,7 @@ def test_host_callback_sees_kernel_results_and_kernels_see_its_writes(prepared):
     def prog(run, x: In((6,)), y: Out((6,))):
         h = run.scratch((6,))
         n = run.scratch((6,))
-        run.submit(k_scale, x, out=h, factor=2.0)
+        run.submit(slow_scale, x, out=h, factor=2.0)  # slow: the callback must wait for it
         run.host("normalize", h, n, reads=[h], writes=[n])
         run.submit(k_scale, n, out=y, factor=10.0)
 

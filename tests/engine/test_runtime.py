@@ -351,3 +351,40 @@ def test_runs_submitted_from_several_threads(prepared):
     for t in threads:
         t.join(60)
     assert not errors, errors[0]
+
+
+def test_when_done_is_true_a_passed_non_contiguous_output_is_filled(prepared):
+    """done means the run completed: its outputs are in place without a further wait()/result()."""
+    gate = Gate()
+    kern = gate.kernel()
+
+    @engine.program
+    def prog(run, x: In((4,)), y: Out((4,)), key: Scalar(int)):
+        run.submit(kern, x, out=y, key=key)
+
+    rt = prepared(prog, workers=2)
+    parent = np.zeros(8, np.float32)
+    x = np.arange(4, dtype=np.float32)
+    h = rt.submit(x, parent[::2], key=1)
+    gate.open(1)
+    for _ in range(10_000):
+        if h.done:
+            break
+        threading.Event().wait(0.001)
+    assert h.done
+    np.testing.assert_array_equal(parent[::2], x + 1)
+    np.testing.assert_array_equal(parent[1::2], 0)
+
+
+def test_program_with_only_scalars_and_callbacks(prepared):
+    calls = []
+
+    @engine.program(callbacks={"cb": 0})
+    def prog(run, n: Scalar(int)):
+        for _ in range(n):
+            run.host("cb")
+
+    rt = prepared(prog, callbacks={"cb": lambda: calls.append(1)})
+    assert rt(n=3) is None
+    assert rt(2) is None
+    assert len(calls) == 5

@@ -255,3 +255,36 @@ def test_non_contiguous_torch_tensors(rt):
     assert isinstance(y, torch.Tensor)
     torch.testing.assert_close(y, x @ w, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(acc, x @ w, rtol=1e-5, atol=1e-5)
+
+
+def test_read_only_host_inputs_are_accepted(rt):
+    """In arguments are only read: a read-only array (np.frombuffer, a write-protected array) is a valid input."""
+    a = good_args(b=2, n=3)
+    x = np.frombuffer(a["x"].tobytes(), dtype=np.float32).reshape(2, 3)
+    w = a["w"].copy()
+    w.flags.writeable = False
+    assert not x.flags.writeable and x.flags.c_contiguous and not w.flags.writeable
+    acc = np.zeros((2, 4), np.float32)
+    _, y = rt(x, w, acc, alpha=1.0, steps=1)
+    np.testing.assert_allclose(y, a["x"] @ a["w"], rtol=1e-5, atol=1e-5)
+
+
+def test_omitted_output_whose_symbol_nothing_binds(prepared):
+    @engine.program
+    def fill(run, y: Out(("N",)), v: Scalar(float)):
+        @engine.host_kernel
+        def k(out, value):
+            out[...] = value
+
+        run.submit(k, out=y, v=v)
+
+    rt = prepared(fill, bounds={"N": 8})
+    np.testing.assert_array_equal(rt(np.zeros(5, np.float32), v=2.0), 2)
+    before = rt.memory_stats()
+    with pytest.raises(TypeError, match="'y'") as ei:
+        rt(v=1.0)
+    assert "N" in str(ei.value)
+    assert rt.memory_stats() == before
+    big = rt.alloc_tensor((9,), "float32")
+    with pytest.raises(ValueError, match="8"):
+        rt(big, v=1.0)
