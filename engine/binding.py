@@ -107,10 +107,10 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
             view = as_numpy_view(v)
             if spec.writes and not view.flags.writeable:
                 raise ValueError(f"parameter '{p.name}': output array is read-only")
-            if view.flags.c_contiguous:
+            if view.flags.c_contiguous and (view.flags.writeable or spec.writes):
                 arg.host = view
-            else:  # staged through a contiguous copy; outputs are copied back after the run
-                arg.host = np.ascontiguousarray(view)
+            else:  # staged through a contiguous (and writable) copy; outputs are copied back after the run
+                arg.host = np.array(view, order="C", copy=True)
                 if spec.writes:
                     arg.writeback = view
         bound.append(arg)

@@ -23,6 +23,8 @@ class HostKernel:
 
     It runs on a pool worker with the GIL held, over numpy views of device
     memory (read-only for inputs). Prefer built-in kernels on hot paths.
+    Define host kernels once (at module level): each HostKernel object is
+    registered with the runtime the first time a run submits it.
     """
 
     def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:

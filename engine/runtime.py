@@ -98,7 +98,11 @@ class RunHandle:
 
     @property
     def done(self) -> bool:
-        return self._inflight.native.done
+        """True once the run completed and its outputs are in place."""
+        if not self._inflight.native.done:
+            return False
+        self._inflight.finish()  # write-backs and slot release, once
+        return True
 
     def wait(self, timeout: float | None = None) -> bool:
         """Blocks until the run completed (True) or the timeout passed (False)."""

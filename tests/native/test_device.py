@@ -35,11 +35,16 @@ def reused_address(dev):
     for size in (4096, 1024, 1 << 20, 128):
         old = dev.alloc(size)
         dev.free(old)
-        for _ in range(2_000):
-            new = dev.alloc(size)
-            if new.addr == old.addr:
-                return old, new
-            dev.free(new)
+        held = []  # misses stay allocated, so each attempt takes a different free block
+        try:
+            for _ in range(2_000):
+                new = dev.alloc(size)
+                if new.addr == old.addr:
+                    return old, new
+                held.append(new)
+        finally:
+            for b in held:
+                dev.free(b)
     pytest.fail("the allocator never reused a freed address")
 
 
