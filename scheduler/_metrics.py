@@ -3,12 +3,16 @@
 All timestamps are on the engine's clock (the one task timings use), so host
 and device intervals can be compared directly. Percentiles and the overlap
 ratio cover the most recent `window` runs; the counts cover every run.
+
+Samples go into fixed-size rings of machine integers: recording a run
+allocates no Python object that outlives it, so a long steady stream of runs
+does not feed the garbage collector (whose pauses would show up as loop lag).
 """
 
 from __future__ import annotations
 
 import math
-from collections import deque
+from array import array
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Iterable
 
@@ -116,6 +120,38 @@ def overlap_ratio(host: Iterable[tuple[int, int]], device: Iterable[tuple[int, i
     return _intersection(_union(host), dev) / busy
 
 
+class Ring:
+    """The last `size` int64 values (or pairs of them, with width=2)."""
+
+    __slots__ = ("_data", "_size", "_width", "_next", "_count")
+
+    def __init__(self, size: int, width: int = 1) -> None:
+        self._data = array("q", bytes(8 * size * width))
+        self._size = size
+        self._width = width
+        self._next = 0
+        self._count = 0
+
+    def append(self, a: int, b: int = 0) -> None:
+        i = self._next * self._width
+        self._data[i] = a
+        if self._width == 2:
+            self._data[i + 1] = b
+        self._next = (self._next + 1) % self._size
+        if self._count < self._size:
+            self._count += 1
+
+    def __len__(self) -> int:
+        return self._count
+
+    def values(self) -> list[int]:
+        return list(self._data[: self._count * self._width]) if self._width == 1 else []
+
+    def pairs(self) -> list[tuple[int, int]]:
+        d = self._data
+        return [(d[2 * i], d[2 * i + 1]) for i in range(self._count)] if self._width == 2 else []
+
+
 class Metrics:
     """Collects what stats() reports. Called on the loop thread only."""
 
@@ -123,18 +159,18 @@ class Metrics:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             raise ValueError(f"metrics window must be a positive int, got {window!r}")
         self.dispatched = self.completed = self.failed = self.cancelled = 0
-        self._admission: deque[int] = deque(maxlen=window)
-        self._orchestration: deque[int] = deque(maxlen=window)
-        self._device: deque[int] = deque(maxlen=window)
-        self._latency: deque[int] = deque(maxlen=window)
-        self._host_busy: deque[tuple[int, int]] = deque(maxlen=window)
-        self._device_busy: deque[tuple[int, int]] = deque(maxlen=window)
+        self._admission = Ring(window)
+        self._orchestration = Ring(window)
+        self._device = Ring(window)
+        self._latency = Ring(window)
+        self._host_busy = Ring(window, 2)
+        self._device_busy = Ring(window, 2)
 
     def launched(self, fut: "RunFuture") -> None:
         self.dispatched += 1
         self._admission.append(fut.t_admit - fut.t_dispatch)
         self._orchestration.append(fut.t_launched - fut.t_launch)
-        self._host_busy.append((fut.t_launch, fut.t_launched))
+        self._host_busy.append(fut.t_launch, fut.t_launched)
 
     def finished(self, fut: "RunFuture", native: "_native.Run", failed: bool, cancelled: bool, now_ns: int) -> None:
         """A run released its slot: failed (its kernel or copy-back failed) or cancelled or completed."""
@@ -142,7 +178,7 @@ class Metrics:
         first, last = times["first_start_ns"], times["last_end_ns"]
         ran = first >= 0 and last >= first
         if ran:
-            self._device_busy.append((first, last))
+            self._device_busy.append(first, last)
         if cancelled:
             self.cancelled += 1
             return
@@ -161,9 +197,9 @@ class Metrics:
             failed=self.failed,
             cancelled=self.cancelled,
             in_flight=in_flight,
-            admission_wait=percentiles(self._admission),
-            orchestration=percentiles(self._orchestration),
-            device=percentiles(self._device),
-            latency=percentiles(self._latency),
-            overlap_ratio=overlap_ratio(self._host_busy, self._device_busy),
+            admission_wait=percentiles(self._admission.values()),
+            orchestration=percentiles(self._orchestration.values()),
+            device=percentiles(self._device.values()),
+            latency=percentiles(self._latency.values()),
+            overlap_ratio=overlap_ratio(self._host_busy.pairs(), self._device_busy.pairs()),
         )

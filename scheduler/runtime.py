@@ -145,9 +145,12 @@ class AsyncRuntime:
             with anyio.CancelScope(shield=True):
                 await self.aclose(cancel_pending=exc_type is not None)
         finally:
+            # The pump and launcher tasks have stopped, so the task group exits at
+            # once. It is not handed the body's exception: that propagates as is
+            # rather than wrapped in an exception group.
             tg, self._tg = self._tg, None
-            result = await tg.__aexit__(exc_type, exc, tb)
-        return result
+            await tg.__aexit__(None, None, None)
+        return None
 
     async def aclose(self, cancel_pending: bool = False) -> None:
         """Stops admitting, then drains the runs in flight (or cancels them). Idempotent.

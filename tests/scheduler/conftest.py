@@ -35,6 +35,11 @@ def add(run: engine.Run, x: In(("B", 4)), y: In(("B", 4)), z: Out(("B", 4))):
 
 
 @engine.program
+def double(run: engine.Run, x: In(("B", 4)), y: Out(("B", 4))):
+    run.submit(K.add, x, x, out=y)
+
+
+@engine.program
 def tagged(run: engine.Run, value: Scalar(float), ns: Scalar(int), out: Out((8,))):
     """out[...] = value after `ns` nanoseconds of device work."""
     if ns > 0:
@@ -97,6 +102,12 @@ class Gate:
 
     def close(self) -> None:
         self._open.clear()
+
+
+@pytest.fixture(params=[False, True], ids=["loop", "thread"])
+def in_thread(request: pytest.FixtureRequest) -> bool:
+    """Both places orchestration can run: the loop thread and a worker thread."""
+    return request.param
 
 
 @pytest.fixture

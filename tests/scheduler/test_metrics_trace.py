@@ -1,0 +1,190 @@
+"""stats() and the Chrome trace export (async and sync runtimes)."""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+
+import anyio
+import numpy as np
+import pytest
+
+from engine.trace import ADMISSION_TID_BASE, DEVICE_PID, HOST_PID, chrome_trace
+from scheduler import AsyncRuntime, Stats
+from scheduler._metrics import Ring, overlap_ratio, percentiles
+
+from .conftest import add, eventually, maybe_fail, tagged
+
+pytestmark = pytest.mark.anyio
+
+
+# -- stats ----------------------------------------------------------------------------------------
+async def test_stats_counts_and_percentiles(make_rt):
+    rt = make_rt(maybe_fail, depth=2)
+    async with AsyncRuntime(rt) as art:
+        empty = art.stats()
+        assert (empty.dispatched, empty.in_flight, empty.latency.samples) == (0, 0, 0)
+        assert empty.overlap_ratio is None
+
+        async def one(i: int):
+            try:
+                await art.call(float(i), int(i % 10 == 3))
+            except Exception:
+                pass
+
+        async with anyio.create_task_group() as tg:  # more callers than slots: some wait for admission
+            for i in range(40):
+                tg.start_soon(one, i)
+        fut = await art.dispatch(1.0, 0)
+        fut.cancel()
+        await art.drain()
+        s = art.stats()
+    assert isinstance(s, Stats)
+    assert (s.dispatched, s.failed, s.in_flight) == (41, 4, 0)
+    assert s.completed + s.cancelled == 37 and s.cancelled <= 1
+    for p in (s.admission_wait, s.orchestration, s.device, s.latency):
+        assert 0.0 <= p.p50 <= p.p90 <= p.p99
+    assert s.admission_wait.samples == s.orchestration.samples == 41
+    assert s.latency.samples == s.completed + s.failed
+    assert s.admission_wait.p99 > 0  # 40 callers on 2 slots waited
+    assert s.orchestration.p50 > 0 and s.latency.p50 > 0
+    assert s.latency.p50 >= s.device.p50  # end to end includes the device
+    d = s.as_dict()
+    assert d["latency"]["p99"] == s.latency.p99 and d["dispatched"] == 41
+
+
+async def test_overlap_ratio_sees_host_work_hidden_behind_the_device(gated_rt):
+    rt, gate = gated_rt(depth=2)
+    async with AsyncRuntime(rt) as art:
+        first = await art.dispatch(1.0)
+        await eventually(lambda: gate.entered == 1)  # the device is busy with the first run...
+        second = await art.dispatch(2.0)  # ...while the host orchestrates the second
+        gate.open()
+        await first
+        await second
+        s = art.stats()
+    assert s.overlap_ratio is not None and 0.0 < s.overlap_ratio <= 1.0
+    assert s.device.p50 > 0
+
+
+def test_metric_helpers():
+    assert percentiles([]).samples == 0
+    p = percentiles(list(range(1, 101)))
+    assert (p.p50, p.p90, p.p99, p.samples) == (50e-9, 90e-9, 99e-9, 100)
+    assert overlap_ratio([], []) is None
+    assert overlap_ratio([(0, 5)], [(0, 10)]) == 0.5
+    assert overlap_ratio([(0, 3), (2, 6), (20, 30)], [(4, 8), (5, 7), (25, 35)]) == pytest.approx(7 / 14)
+    r = Ring(3, 2)
+    for i in range(5):
+        r.append(i, 10 * i)
+    assert len(r) == 3 and sorted(r.pairs()) == [(2, 20), (3, 30), (4, 40)]
+
+
+# -- trace ------------------------------------------------------------------------------------------
+def check_trace(trace: dict) -> dict:
+    """Validates structure and nesting; returns spans grouped for further checks."""
+    events = trace["traceEvents"]
+    names = {(e["pid"], e.get("tid")): e["args"]["name"] for e in events if e["ph"] == "M" and "name" in e["args"]}
+    assert names[(HOST_PID, None)] == "host" and names[(DEVICE_PID, None)] == "device"
+    spans = [e for e in events if e["ph"] == "X"]
+    for e in spans:
+        assert e["dur"] >= 0 and e["ts"] >= 0
+        assert (e["pid"], e["tid"]) in names  # every track is named
+    eps = 1e-3  # microseconds: float rounding
+    by_track: dict[tuple[int, int], list[dict]] = defaultdict(list)
+    for e in spans:
+        by_track[(e["pid"], e["tid"])].append(e)
+    runs = {e["args"]["run"]: e for e in spans if e["cat"] == "run"}
+
+    def inside(child: dict, parent: dict) -> bool:
+        return parent["ts"] - eps <= child["ts"] and child["ts"] + child["dur"] <= parent["ts"] + parent["dur"] + eps
+
+    for (pid, tid), track in by_track.items():
+        if pid == HOST_PID and tid < ADMISSION_TID_BASE:  # a slot: runs one after another, phases inside
+            run_spans = sorted((e for e in track if e["cat"] == "run"), key=lambda e: e["ts"])
+            for a, b in zip(run_spans, run_spans[1:]):
+                assert a["ts"] + a["dur"] <= b["ts"] + eps, "two runs overlap on one slot"
+            for e in track:
+                if e["cat"] == "host":
+                    assert e["name"] in ("staging", "orchestration")
+                    assert inside(e, runs[e["args"]["run"]])
+        else:  # admission lanes and workers: spans never overlap within a track
+            seq = sorted(track, key=lambda e: e["ts"])
+            for a, b in zip(seq, seq[1:]):
+                assert a["ts"] + a["dur"] <= b["ts"] + eps, f"overlap on track {(pid, tid)}"
+    tasks = [e for e in spans if e["pid"] == DEVICE_PID]
+    for t in tasks:  # each task nests in its run's span (the run's extent across tracks)
+        if t["args"]["run"] in runs:
+            assert inside(t, runs[t["args"]["run"]])
+    return {"runs": runs, "tasks": tasks, "spans": spans}
+
+
+def overlapping(a: dict, b: dict) -> bool:
+    return a["ts"] < b["ts"] + b["dur"] and b["ts"] < a["ts"] + a["dur"]
+
+
+async def test_async_trace_exports_nested_spans_and_overlapping_runs(gated_rt, tmp_path):
+    rt, gate = gated_rt(depth=2)
+    path = tmp_path / "trace.json"
+    async with AsyncRuntime(rt) as art:
+        art.set_tracing(True)
+        first = await art.dispatch(1.0)
+        await eventually(lambda: gate.entered == 1)  # the device works on the first run...
+        second = await art.dispatch(2.0)  # ...while the host stages and orchestrates the second
+
+        async def third():
+            await art.call(3.0)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(third)
+            await eventually(lambda: art.waiting == 1)  # the third waits for admission
+            gate.open()
+        await first
+        await second
+        async for _ in art.stream([(float(i),) for i in range(6)]):
+            pass
+        art.export_trace(path)
+        art.set_tracing(False)
+    trace = json.loads(path.read_text())
+    got = check_trace(trace)
+    runs, tasks, spans = got["runs"], got["tasks"], got["spans"]
+    assert len(runs) == 9
+    assert {t["name"] for t in tasks} == {"callback:gate", "fill", "copy_back"}
+    assert {r["tid"] for r in runs.values()} == {0, 1}
+    admissions = [e for e in spans if e["name"] == "admission"]
+    assert len(admissions) == 9 and all(e["tid"] >= ADMISSION_TID_BASE for e in admissions)
+    third_wait = next(e for e in admissions if e["args"]["run"] == max(runs) - 6)
+    assert third_wait["dur"] > 0
+    # Pipelining is visible: the first two runs overlap in time on their two slots, and the
+    # second was orchestrated on the host while the first run's gate task held the device.
+    r1, r2 = runs[min(runs)], runs[min(runs) + 1]
+    assert r1["tid"] != r2["tid"] and overlapping(r1, r2)
+    gate_task = next(t for t in tasks if t["args"]["run"] == min(runs) and t["name"] == "callback:gate")
+    orch2 = next(e for e in spans if e["name"] == "orchestration" and e["args"]["run"] == min(runs) + 1)
+    assert overlapping(orch2, gate_task)
+
+
+def test_sync_runtime_trace(make_rt, tmp_path):
+    rt = make_rt(add, depth=2, bounds={"B": 4})
+    x = np.ones((2, 4), np.float32)
+    rt.set_tracing(True)
+    handles = [rt.submit(x, x) for _ in range(5)]
+    for h in handles:
+        h.result()
+    path = tmp_path / "sync.json"
+    rt.export_trace(path)
+    got = check_trace(json.loads(path.read_text()))
+    assert len(got["runs"]) == 5
+    assert sorted({t["name"] for t in got["tasks"]}) == ["add", "copy_back"]
+
+
+def test_chrome_trace_lays_overlapping_admission_waits_on_separate_lanes():
+    spans = [(1, 0, "admission", 0, 100), (2, 0, "admission", 10, 200), (3, 0, "admission", 150, 300),
+             (1, 0, "staging", 100, 110), (1, 0, "orchestration", 110, 120)]
+    events = [(1, 0, 0, 115, 140, "noop", True)]
+    trace = chrome_trace(spans, events, workers=1, depth=1)
+    waits = sorted((e for e in trace["traceEvents"] if e.get("name") == "admission"), key=lambda e: e["ts"])
+    assert [e["tid"] - ADMISSION_TID_BASE for e in waits] == [0, 1, 0]
+    run = next(e for e in trace["traceEvents"] if e.get("cat") == "run")
+    assert (run["ts"], run["dur"]) == (0.1, pytest.approx(0.04))  # staging start to the last task's end
+    check_trace(trace)
