@@ -1,110 +1,177 @@
-// Vectorisable float32 math for the hot loops. Every function here is inline,
-// branch-free (selects compile to blends) and calls nothing, so a plain loop
-// over it auto-vectorises. Loops that use them are compiled in several ISA
-// variants (TD_CLONES) and dispatched at load time, since the core itself
-// targets x86-64-v2.
+// Vectorised float32 math for the hot loops, written on GCC vector extensions
+// (16 lanes) so the instruction sequence is exactly what is written here: the
+// compiler maps each operation to one AVX-512 instruction, two AVX2 ones or
+// four SSE ones, in whichever TD_CLONES variant the CPU selects at load time
+// (the core itself targets x86-64-v2). Every function is force-inlined into
+// those variants; none takes a branch per lane, selects become blends.
+//
+// Accuracy (float32, measured against float64 over dense grids): exp ~1e-7
+// relative, results below 2^-124 flush to zero; tanh < 4e-7; erf < 5e-7;
+// silu < 2e-7.
 #pragma once
 
-#include <cmath>
 #include <cstdint>
 #include <cstring>
 
 // AVX-512 / AVX2+FMA / baseline variants, picked by the CPU at load time.
 #define TD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define TD_INLINE inline __attribute__((always_inline))
+
+// Vector values never cross a call boundary here (everything is inlined and
+// arguments go by reference), so GCC's warning that returning 64-byte vectors
+// changes the ABI without AVX-512 does not apply.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wpsabi"
 
 namespace tandem::kernels::simd {
 
-inline float as_float(uint32_t b) {
+constexpr int kWidth = 16;
+typedef float vfloat __attribute__((vector_size(64)));
+typedef int32_t vint __attribute__((vector_size(64)));
+
+TD_INLINE float as_float(uint32_t b) {
   float f;
   std::memcpy(&f, &b, 4);
   return f;
 }
-inline uint32_t as_bits(float f) {
+TD_INLINE uint32_t as_bits(float f) {
   uint32_t b;
   std::memcpy(&b, &f, 4);
   return b;
 }
 
-// exp(a + b) where `a` carries the magnitude and |b| is small (< ~4). The sum
-// is never formed in float: the range reduction subtracts n*ln2 from `a`
-// first (exact for the large part), so callers that split an argument into an
-// exact head and a small tail keep its full precision. Relative error ~2 ulp;
-// underflows to 0 below about -103.9 and overflows to inf above 88.72.
-inline float exp_parts(float a, float b) {
-  a = a < -104.0f ? -104.0f : a;  // NaN compares false and passes through
-  a = a > 89.0f ? 89.0f : a;
-  constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
-  const float t = (a + b) * 1.44269504088896341f + kRound;
-  const float fn = t - kRound;
-  const int32_t n = static_cast<int32_t>(as_bits(t) - as_bits(kRound));
-  // Cody-Waite: ln2 = 0.693359375 (exact in 9 bits) - 2.12194440e-4.
-  const float r = ((a - fn * 0.693359375f) + b) + fn * 2.12194440e-4f;
-  // exp(r) on [-ln2/2, ln2/2] (Cephes expf polynomial, ~1 ulp).
-  float p = 1.9875691500e-4f;
+TD_INLINE vfloat load(const float* p) {
+  vfloat v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+TD_INLINE void store(float* p, const vfloat& v) { std::memcpy(p, &v, sizeof v); }
+TD_INLINE vfloat splat(float s) { return vfloat{} + s; }
+TD_INLINE vint bits(const vfloat& v) { return __builtin_bit_cast(vint, v); }
+TD_INLINE vfloat from_bits(const vint& v) { return __builtin_bit_cast(vfloat, v); }
+TD_INLINE vfloat abs(const vfloat& v) { return from_bits(bits(v) & 0x7fffffff); }
+TD_INLINE vfloat sign_of(const vfloat& v) { return from_bits(bits(v) & static_cast<int32_t>(0x80000000u)); }
+// Clamps that keep NaN (a NaN lane compares false and passes through).
+TD_INLINE vfloat at_least(const vfloat& v, float lo) { return v < splat(lo) ? splat(lo) : v; }
+TD_INLINE vfloat at_most(const vfloat& v, float hi) { return v > splat(hi) ? splat(hi) : v; }
+
+constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
+constexpr float kLog2e = 1.44269504088896341f;
+constexpr float kLn2Hi = 0.693359375f;  // ln 2 = kLn2Hi - kLn2Lo, kLn2Hi exact in 9 bits
+constexpr float kLn2Lo = 2.12194440e-4f;
+constexpr float kExpMin = -86.5f;       // below: 0 (the result would be under 2^-124)
+constexpr float kExpMax = 88.72283935546875f;  // above: inf
+
+// exp(x) = 2^n * exp(r) with r = x - n ln2 in [-ln2/2, ln2/2], where the
+// caller has reduced `t` = x * log2e + kRound (so t's bits carry n) and `r`.
+TD_INLINE vfloat exp_finish(const vfloat& t, const vfloat& r) {
+  // Cephes expf polynomial, ~1 ulp on the reduced range.
+  vfloat p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  // 2^n in two factors so results down to the subnormal range stay exact and
-  // n up to 128 overflows to inf as it should.
-  const int32_t n1 = n >> 1;
-  const int32_t n2 = n - n1;
-  return p * as_float(static_cast<uint32_t>(n1 + 127) << 23) * as_float(static_cast<uint32_t>(n2 + 127) << 23);
+  // 2^(n-1) from t's bits, times 2p: n reaches 128 at the top of the range.
+  const vfloat scale = from_bits((bits(t) + (126 - 0x4B400000)) << 23);
+  return (p + p) * scale;
 }
 
-inline float exp(float x) { return exp_parts(x, 0.0f); }
-
-// tanh: odd polynomial below 0.625 (relative error < 1e-7, no cancellation
-// near 0), 1 - 2 / (exp(2|x|) + 1) above.
-inline float tanh(float x) {
-  const float ax = std::fabs(x);
-  const float z = x * x;
-  float p = -5.718891508877277e-3f;
-  p = p * z + 2.065306343138218e-2f;
-  p = p * z - 5.3744640201330185e-2f;
-  p = p * z + 1.3331513106822968e-1f;
-  p = p * z - 3.333328664302826e-1f;
-  const float small = x + x * z * p;
-  const float e = exp(2.0f * ax);
-  const float big = std::copysign(1.0f - 2.0f / (e + 1.0f), x);
-  return ax < 0.625f ? small : big;
+TD_INLINE vfloat exp(const vfloat& x) {
+  const vint under = x < splat(kExpMin);
+  const vint over = x > splat(kExpMax);
+  const vfloat xc = at_most(at_least(x, kExpMin), kExpMax);
+  const vfloat t = xc * kLog2e + kRound;
+  const vfloat fn = t - kRound;
+  const vfloat r = (xc - fn * kLn2Hi) + fn * kLn2Lo;
+  vfloat y = exp_finish(t, r);
+  y = under ? splat(0.0f) : y;
+  return over ? splat(__builtin_inff()) : y;
 }
 
-inline float sigmoid_mul(float x, float u) { return x / (1.0f + exp(-u)); }
-
-// gelu(x) = x * Phi(x), with Phi from erfc so the negative tail keeps its
-// relative precision: erfc(z) = t * exp(-z^2 + P(t)), t = 1 / (1 + z/2)
-// (Chebyshev fit, relative error < 1.2e-7 for all z >= 0). z^2 = x^2 / 2 is
-// passed to exp_parts as an exact head and a tail.
-inline float gelu_erf(float x) {
-  const float ax = std::fabs(x);
-  const float z = ax * 0.70710678118654752f;
-  const float t = 1.0f / (1.0f + 0.5f * z);
-  float p = 0.17087277f;
-  p = p * t - 0.82215223f;
-  p = p * t + 1.48851587f;
-  p = p * t - 1.13520398f;
-  p = p * t + 0.27886807f;
-  p = p * t - 0.18628806f;
-  p = p * t + 0.09678418f;
-  p = p * t + 0.37409196f;
-  p = p * t + 1.00002368f;
-  p = p * t - 1.26551223f;
-  const float sq = ax * ax;
-  const float sq_lo = std::fma(ax, ax, -sq);  // exact rounding error of ax*ax
-  const float e = t * exp_parts(-0.5f * sq, p - 0.5f * sq_lo);  // erfc(|x| / sqrt 2)
-  const float phi = x >= 0.0f ? 1.0f - 0.5f * e : 0.5f * e;
-  return x * phi;
+// tanh(x) = x P(x^2) / Q(x^2) on [-9, 9] (a rational fit, relative error <
+// 4e-7), +-1 beyond, where float32 tanh rounds to 1.
+TD_INLINE vfloat tanh(const vfloat& x) {
+  const vint saturated = abs(x) > splat(9.0f);
+  const vfloat xc = at_most(at_least(x, -9.0f), 9.0f);
+  const vfloat z = xc * xc;
+  vfloat p = splat(1.3442281954212376e-08f);
+  p = p * z + 2.067957575491164e-05f;
+  p = p * z + 0.003500196849927306f;
+  p = p * z + 0.13385017216205597f;
+  p = p * z + 1.0f;
+  vfloat q = splat(7.81454559728445e-07f);
+  q = q * z + 0.0003292941546533257f;
+  q = q * z + 0.025894857943058014f;
+  q = q * z + 0.467183381319046f;
+  q = q * z + 1.0f;
+  const vfloat y = xc * p / q;
+  return saturated ? from_bits(bits(splat(1.0f)) | bits(sign_of(x))) : y;
 }
+
+// x * sigmoid(u) = x / (1 + exp(-u)): both tails keep their relative precision.
+TD_INLINE vfloat mul_sigmoid(const vfloat& x, const vfloat& u) { return x / (exp(-u) + 1.0f); }
+
+TD_INLINE vfloat silu(const vfloat& x) { return mul_sigmoid(x, x); }
 
 // gelu with the tanh approximation: 0.5 x (1 + tanh(u)) = x * sigmoid(2u).
-inline float gelu_tanh(float x) {
-  const float u = 0.7978845608028654f * (x + 0.044715f * x * x * x);
-  return sigmoid_mul(x, 2.0f * u);
+TD_INLINE vfloat gelu_tanh(const vfloat& x) {
+  const vfloat u = (x + x * x * x * 0.044715f) * 0.7978845608028654f;
+  return mul_sigmoid(x, u + u);
 }
 
-inline float silu(float x) { return sigmoid_mul(x, x); }
+// erf(z) = z P(z^2) / Q(z^2) on [-3.9, 3.9] (a rational fit, relative error
+// < 5e-7), +-1 beyond, where float32 erf rounds to 1.
+TD_INLINE vfloat erf(const vfloat& z) {
+  const vfloat zc = at_most(at_least(z, -3.9f), 3.9f);
+  const vfloat s = zc * zc;
+  vfloat p = splat(2.084872448904207e-06f);
+  p = p * s + 0.0002839842636603862f;
+  p = p * s + 0.003670047502964735f;
+  p = p * s + 0.05245712026953697f;
+  p = p * s + 0.1880134493112564f;
+  p = p * s + 1.1283791065216064f;
+  vfloat q = splat(3.840496719931252e-05f);
+  q = q * s + 0.0011417078785598278f;
+  q = q * s + 0.014776499010622501f;
+  q = q * s + 0.11314265429973602f;
+  q = q * s + 0.49995559453964233f;
+  q = q * s + 1.0f;
+  return zc * p / q;
+}
+
+// gelu(x) = 0.5 x (1 + erf(x / sqrt 2)), the formulation torch uses: relative
+// error < 2e-6 for x > -1; further out 1 + erf cancels, leaving an absolute
+// error below 2.5e-7 |x| (where the values are below 0.16 |x|).
+TD_INLINE vfloat gelu_erf(const vfloat& x) {
+  const vfloat h = x * 0.5f;
+  return h + h * erf(x * 0.70710678118654752f);
+}
+
+// o[i] = f(x[i]) over a run, 16 lanes at a time; the tail goes through a
+// zero-padded block. o may be x itself.
+template <class F>
+TD_INLINE void map(const float* x, float* o, int64_t n, const F& f) {
+  int64_t i = 0;
+  // Two independent vectors per step: the functions are long dependency
+  // chains, and interleaving two of them keeps the FP pipes busy.
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    const vfloat a = f(load(x + i));
+    const vfloat b = f(load(x + i + kWidth));
+    store(o + i, a);
+    store(o + i + kWidth, b);
+  }
+  for (; i + kWidth <= n; i += kWidth) store(o + i, f(load(x + i)));
+  if (i < n) {
+    float block[kWidth] = {};
+    const size_t bytes = static_cast<size_t>(n - i) * sizeof(float);
+    std::memcpy(block, x + i, bytes);
+    store(block, f(load(block)));
+    std::memcpy(o + i, block, bytes);
+  }
+}
 
 }  // namespace tandem::kernels::simd
+
+#pragma GCC diagnostic pop

@@ -17,33 +17,21 @@ from tests.kernels.harness import HostTensor, empty, run, tensor
 
 PROBE = textwrap.dedent(
     """
-    import os, time, resource
+    import time
     import numpy as np
     from engine import _native
-
-    def thread_cpu():
-        ticks = {}
-        for tid in os.listdir("/proc/self/task"):
-            with open(f"/proc/self/task/{tid}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-            ticks[int(tid)] = int(fields[11]) + int(fields[12])  # utime + stime
-        return ticks
 
     n = 1024
     a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
     out = np.empty((n, n), np.float32)
     args = [(a, 0, 1), (a, 0, 1), (out, 0, 2)]
     _native.call_kernel("matmul", args, [0, 1.0, 0.0])  # warm up (OpenBLAS buffers)
-    before = thread_cpu()
-    r0, w0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    for _ in range(4):
+    # Scheduler-accounted CPU clocks (not tick sampling): the whole process vs this thread.
+    p0, t0 = time.process_time(), time.thread_time()
+    for _ in range(8):
         _native.call_kernel("matmul", args, [0, 1.0, 0.0])
-    r1, w1 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
-    after = thread_cpu()
-    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-    me = os.getpid()  # the main thread, which makes the calls
-    others = sum(after.get(t, 0) - before.get(t, 0) for t in after if t != me) / os.sysconf("SC_CLK_TCK")
-    print(cpu / (w1 - w0), others, w1 - w0)
+    p1, t1 = time.process_time(), time.thread_time()
+    print(t1 - t0, (p1 - p0) - (t1 - t0))
     """
 )
 
@@ -53,11 +41,12 @@ def test_matmul_runs_on_the_calling_thread_only():
     proc = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, timeout=120,
                           cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert proc.returncode == 0, proc.stderr
-    ratio, others, wall = map(float, proc.stdout.split())
-    # One busy thread: process CPU time tracks wall time, and no other thread
-    # (OpenBLAS's own pool included) accumulates any meaningful CPU time.
-    assert ratio < 1.25, (ratio, wall)
-    assert others < 0.1 * wall, (others, wall)
+    caller, others = map(float, proc.stdout.split())
+    # All the work is on the calling thread; no other thread (OpenBLAS's own
+    # pool included) does any. With OpenBLAS threading enabled, `others`
+    # would be close to `caller`.
+    assert caller > 0.05, caller
+    assert others < 0.05 * caller, (caller, others)
 
 
 def test_concurrent_calls_from_threads_are_correct(rng):
