@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
-import anyio
-
 from engine.errors import RunCancelledError
+from scheduler._signal import Signal
 
 if TYPE_CHECKING:
+    import asyncio
+
     from engine.runtime import InFlight
 
 __all__ = ["RunFuture", "InvalidStateError"]
@@ -36,15 +37,17 @@ class RunFuture:
     awaiters. AsyncRuntime.call() and stream() cancel the runs they own.
     """
 
-    __slots__ = ("_inflight", "_state", "_result", "_error", "_event", "_callbacks", "run_id",
+    __slots__ = ("_inflight", "_loop", "_state", "_result", "_error", "_signal", "_callbacks", "run_id",
                  "t_dispatch", "t_admit", "t_launch", "t_launched", "__weakref__")
 
-    def __init__(self, inflight: "InFlight", t_dispatch: int, t_admit: int, t_launch: int, t_launched: int) -> None:
+    def __init__(self, inflight: "InFlight", loop: "asyncio.AbstractEventLoop | None", t_dispatch: int,
+                 t_admit: int, t_launch: int, t_launched: int) -> None:
         self._inflight: InFlight | None = inflight
+        self._loop = loop  # None under a backend other than asyncio
         self._state = _PENDING
         self._result: Any = None
         self._error: BaseException | None = None
-        self._event: anyio.Event | None = None  # made by the first awaiter that has to wait
+        self._signal: Signal | None = None  # made by the first awaiter that has to wait
         self._callbacks: list[Callable[[RunFuture], None]] | None = None
         self.run_id: int = inflight.id
         # Engine-clock timestamps (ns) for the metrics: dispatch called, slot
@@ -100,19 +103,16 @@ class RunFuture:
 
     async def _wait(self) -> Any:
         if self._state == _PENDING:
-            event = self._event
-            if event is None:
-                event = self._event = anyio.Event()
-            await event.wait()
+            await self.wait_done()
         return self.result()
 
     async def wait_done(self) -> None:
         """Waits until the future is done, without taking its outcome."""
         if self._state == _PENDING:
-            event = self._event
-            if event is None:
-                event = self._event = anyio.Event()
-            await event.wait()
+            signal = self._signal
+            if signal is None:
+                signal = self._signal = Signal(self._loop)
+            await signal.wait()
 
     def __repr__(self) -> str:
         state = ("pending", "done", "cancelled")[self._state]
@@ -133,18 +133,12 @@ class RunFuture:
             self._callbacks = []
         self._callbacks.append(fn)
 
-    def _resolve(self, inflight: "InFlight") -> None:
-        """Takes the outcome of the finished run (ignored when the future was cancelled)."""
-        if self._state != _PENDING:
-            self._inflight = None
-            return
-        err = inflight.error()
-        self._settle(_DONE, None if err is not None else inflight.outcome(), err)
-
-    def _fail(self, error: BaseException) -> None:
+    def _settle_outcome(self, result: Any, error: BaseException | None) -> None:
+        """The finished run's outcome (ignored when the future was cancelled: the result is discarded)."""
         if self._state == _PENDING:
-            self._settle(_DONE, None, error)
-        self._inflight = None
+            self._settle(_DONE, result, error)
+        else:
+            self._inflight = None
 
     def _settle(self, state: int, result: Any, error: BaseException | None) -> None:
         self._state = state
@@ -152,8 +146,8 @@ class RunFuture:
         self._error = error
         if state == _DONE:
             self._inflight = None  # the run is over: let its native record go
-        if self._event is not None:
-            self._event.set()
+        if self._signal is not None:
+            self._signal.set()
         callbacks, self._callbacks = self._callbacks, None
         for fn in callbacks or ():
             fn(self)

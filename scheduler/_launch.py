@@ -20,8 +20,11 @@ import anyio
 from anyio.abc import TaskStatus
 
 from scheduler._futures import RunFuture
+from scheduler._signal import Signal
 
 if TYPE_CHECKING:
+    import asyncio
+
     from engine.binding import BoundCall
     from engine.runtime import InFlight
     from engine.slots import Lease
@@ -36,24 +39,24 @@ Launched = Union[tuple["InFlight", int, int], BaseException]
 class Job:
     """One dispatch: bound, then leased, then launched (a future) or failed (an error)."""
 
-    __slots__ = ("call", "t_dispatch", "t_admit", "lease", "future", "error", "event", "settled", "abandoned")
+    __slots__ = ("call", "t_dispatch", "t_admit", "lease", "future", "error", "signal", "abandoned")
 
-    def __init__(self, call: "BoundCall", t_dispatch: int) -> None:
+    def __init__(self, call: "BoundCall", t_dispatch: int, loop: "asyncio.AbstractEventLoop | None") -> None:
         self.call: BoundCall | None = call
         self.t_dispatch = t_dispatch
         self.t_admit = 0
         self.lease: Lease | None = None
         self.future: RunFuture | None = None
         self.error: BaseException | None = None
-        self.event: anyio.Event | None = None
-        self.settled = False
+        self.signal = Signal(loop)
         self.abandoned = False  # its dispatch gave up while the worker thread was launching it
 
+    @property
+    def settled(self) -> bool:
+        return self.signal.is_set()
+
     async def wait(self) -> None:
-        if not self.settled:
-            if self.event is None:
-                self.event = anyio.Event()
-            await self.event.wait()
+        await self.signal.wait()
 
     def outcome(self) -> RunFuture:
         if self.error is not None:
@@ -62,10 +65,9 @@ class Job:
         return self.future
 
     def settle(self, future: RunFuture | None, error: BaseException | None = None) -> None:
-        self.future, self.error, self.settled = future, error, True
+        self.future, self.error = future, error
         self.call = None
-        if self.event is not None:
-            self.event.set()
+        self.signal.set()
 
 
 class ThreadLauncher:

@@ -4,9 +4,10 @@ All timestamps are on the engine's clock (the one task timings use), so host
 and device intervals can be compared directly. Percentiles and the overlap
 ratio cover the most recent `window` runs; the counts cover every run.
 
-Samples go into fixed-size rings of machine integers: recording a run
-allocates no Python object that outlives it, so a long steady stream of runs
-does not feed the garbage collector (whose pauses would show up as loop lag).
+Each finished run leaves one record in a fixed-size ring of machine
+integers: recording allocates no Python object that outlives it, so a long
+steady stream of runs does not feed the garbage collector (whose pauses would
+show up as loop lag).
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ class Stats:
     dispatched once it was admitted and orchestrated; a dispatch that gave up
     before admission, or whose arguments or orchestration raised, is no run.
 
-    Timings (seconds): admission_wait from the dispatch call to the slot
+    Timings (seconds, over the most recent finished runs): admission_wait from the dispatch call to the slot
     lease; orchestration from the lease to the sealed run (staging included);
     device from the run's first task start to its last task end; latency from
     the dispatch call until the loop delivered the outcome. device and latency
@@ -121,85 +122,105 @@ def overlap_ratio(host: Iterable[tuple[int, int]], device: Iterable[tuple[int, i
 
 
 class Ring:
-    """The last `size` int64 values (or pairs of them, with width=2)."""
+    """The last `size` records of `width` int64 fields each."""
 
-    __slots__ = ("_data", "_size", "_width", "_next", "_count")
+    __slots__ = ("data", "size", "width", "next", "count")
 
     def __init__(self, size: int, width: int = 1) -> None:
-        self._data = array("q", bytes(8 * size * width))
-        self._size = size
-        self._width = width
-        self._next = 0
-        self._count = 0
+        self.data = array("q", bytes(8 * size * width))
+        self.size = size
+        self.width = width
+        self.next = 0  # the slot the next record goes to
+        self.count = 0
 
-    def append(self, a: int, b: int = 0) -> None:
-        i = self._next * self._width
-        self._data[i] = a
-        if self._width == 2:
-            self._data[i + 1] = b
-        self._next = (self._next + 1) % self._size
-        if self._count < self._size:
-            self._count += 1
+    def advance(self) -> int:
+        """Claims the next record; returns the index of its first field."""
+        i = self.next
+        self.next = i + 1 if i + 1 < self.size else 0
+        if self.count < self.size:
+            self.count += 1
+        return i * self.width
+
+    def append(self, *fields: int) -> None:
+        i = self.advance()
+        self.data[i:i + self.width] = array("q", fields)
 
     def __len__(self) -> int:
-        return self._count
+        return self.count
 
-    def values(self) -> list[int]:
-        return list(self._data[: self._count * self._width]) if self._width == 1 else []
+    def records(self) -> list[tuple[int, ...]]:
+        d, w = self.data, self.width
+        return [tuple(d[i * w:(i + 1) * w]) for i in range(self.count)]
 
-    def pairs(self) -> list[tuple[int, int]]:
-        d = self._data
-        return [(d[2 * i], d[2 * i + 1]) for i in range(self._count)] if self._width == 2 else []
+
+# Fields of one run's record.
+_T_DISPATCH, _T_ADMIT, _T_LAUNCH, _T_LAUNCHED, _FIRST, _LAST, _T_DONE, _KIND = range(8)
+_COMPLETED, _FAILED, _CANCELLED = 0, 1, 2
 
 
 class Metrics:
-    """Collects what stats() reports. Called on the loop thread only."""
+    """Collects what stats() reports. Called on the loop thread only.
+
+    One record per finished run, written field by field into a ring (no
+    allocation); the statistics are computed when stats() asks.
+    """
 
     def __init__(self, window: int = 10_000) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             raise ValueError(f"metrics window must be a positive int, got {window!r}")
         self.dispatched = self.completed = self.failed = self.cancelled = 0
-        self._admission = Ring(window)
-        self._orchestration = Ring(window)
-        self._device = Ring(window)
-        self._latency = Ring(window)
-        self._host_busy = Ring(window, 2)
-        self._device_busy = Ring(window, 2)
+        self._runs = Ring(window, 8)
 
-    def launched(self, fut: "RunFuture") -> None:
+    def launched(self) -> None:
         self.dispatched += 1
-        self._admission.append(fut.t_admit - fut.t_dispatch)
-        self._orchestration.append(fut.t_launched - fut.t_launch)
-        self._host_busy.append(fut.t_launch, fut.t_launched)
 
     def finished(self, fut: "RunFuture", native: "_native.Run", failed: bool, cancelled: bool, now_ns: int) -> None:
-        """A run released its slot: failed (its kernel or copy-back failed) or cancelled or completed."""
-        times = native.times()
-        first, last = times["first_start_ns"], times["last_end_ns"]
-        ran = first >= 0 and last >= first
-        if ran:
-            self._device_busy.append(first, last)
+        """A run released its slot: cancelled, or failed (a kernel or its copy-back), or completed."""
         if cancelled:
             self.cancelled += 1
-            return
-        if failed:
+            kind = _CANCELLED
+        elif failed:
             self.failed += 1
+            kind = _FAILED
         else:
             self.completed += 1
-        if ran:
-            self._device.append(last - first)
-        self._latency.append(now_ns - fut.t_dispatch)
+            kind = _COMPLETED
+        times = native.times()
+        ring = self._runs
+        d = ring.data
+        i = ring.advance()
+        d[i] = fut.t_dispatch
+        d[i + 1] = fut.t_admit
+        d[i + 2] = fut.t_launch
+        d[i + 3] = fut.t_launched
+        d[i + 4] = times["first_start_ns"]
+        d[i + 5] = times["last_end_ns"]
+        d[i + 6] = now_ns
+        d[i + 7] = kind
 
     def snapshot(self, in_flight: int) -> Stats:
+        admission, orchestration, device, latency = [], [], [], []
+        host_busy, device_busy = [], []
+        for r in self._runs.records():
+            admission.append(r[_T_ADMIT] - r[_T_DISPATCH])
+            orchestration.append(r[_T_LAUNCHED] - r[_T_LAUNCH])
+            host_busy.append((r[_T_LAUNCH], r[_T_LAUNCHED]))
+            ran = r[_FIRST] >= 0 and r[_LAST] >= r[_FIRST]
+            if ran:
+                device_busy.append((r[_FIRST], r[_LAST]))
+            if r[_KIND] != _CANCELLED:
+                if ran:
+                    device.append(r[_LAST] - r[_FIRST])
+                latency.append(r[_T_DONE] - r[_T_DISPATCH])
         return Stats(
             dispatched=self.dispatched,
             completed=self.completed,
             failed=self.failed,
             cancelled=self.cancelled,
             in_flight=in_flight,
-            admission_wait=percentiles(self._admission.values()),
-            orchestration=percentiles(self._orchestration.values()),
-            device=percentiles(self._device.values()),
-            latency=percentiles(self._latency.values()),
-            overlap_ratio=overlap_ratio(self._host_busy.pairs(), self._device_busy.pairs()),
+            admission_wait=percentiles(admission),
+            orchestration=percentiles(orchestration),
+            device=percentiles(device),
+            latency=percentiles(latency),
+            overlap_ratio=overlap_ratio(host_busy, device_busy),
         )

@@ -66,6 +66,7 @@ from scheduler._futures import RunFuture
 from scheduler._launch import Job, Launched, ThreadLauncher
 from scheduler._metrics import Metrics, Stats
 from scheduler._pump import CompletionPump
+from scheduler._signal import running_asyncio_loop
 from scheduler._stream import RunStream, Source
 
 __all__ = ["AsyncRuntime"]
@@ -106,6 +107,7 @@ class AsyncRuntime:
         self._closed_event: anyio.Event | None = None
         self._cancelling = False  # aclose(cancel_pending=True) is under way
         self._engine: Any = None
+        self._loop: Any = None  # the asyncio loop, or None under trio
         self._now: Callable[[], int] = _zero_clock
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -120,6 +122,7 @@ class AsyncRuntime:
         # even if someone closes the Runtime underneath.
         self._engine = rt._engine
         self._now = self._engine.now_ns
+        self._loop = running_asyncio_loop()
         self._closed_event = anyio.Event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -224,13 +227,34 @@ class AsyncRuntime:
         program's orchestration function, after which the slot is released.
         """
         await checkpoint_if_cancelled()
+        started = self._start(args, kwargs)
+        if type(started) is RunFuture:
+            return started
+        return await self._admitted(started)  # type: ignore[arg-type]
+
+    async def call(self, *args: Any, **kwargs: Any) -> Any:
+        """dispatch() and await the future in one; cancelling the call cancels the run."""
+        # dispatch() inlined: a small run's round trip feels every coroutine layer.
+        await checkpoint_if_cancelled()
+        started = self._start(args, kwargs)
+        fut = started if type(started) is RunFuture else await self._admitted(started)  # type: ignore[arg-type]
+        if not fut.done():
+            try:
+                await fut.wait_done()
+            except BaseException:
+                fut.cancel()
+                raise
+        return fut.result()
+
+    def _start(self, args: tuple, kwargs: dict[str, Any]) -> "RunFuture | Job":
+        """Binds; then launches at once when a slot is free and nobody waits, else queues a Job."""
         self._check_open()
         call = self._rt._bind(args, kwargs)
         t0 = self._now()
         lease = self._admission.try_acquire()
         if lease is not None and not self._threaded:
-            return self._launch_here(call, lease, t0, t0)
-        job = Job(call, t0)
+            return self._launch_here(call, lease, t0, t0, t0)
+        job = Job(call, t0, self._loop)
         if lease is not None:
             job.t_admit = t0
             job.lease = lease
@@ -238,24 +262,16 @@ class AsyncRuntime:
             self._launcher.submit(job)
         else:
             self._admission.enqueue(job)
+        return job
+
+    async def _admitted(self, job: Job) -> RunFuture:
+        """Waits until the job was admitted and launched (or failed)."""
         try:
             await job.wait()
         except BaseException:
             self._abandon(job)
             raise
         return job.outcome()
-
-    async def call(self, *args: Any, **kwargs: Any) -> Any:
-        """dispatch() and await the future in one; cancelling the call cancels the run."""
-        fut = await self.dispatch(*args, **kwargs)
-        if fut.done():
-            return fut.result()
-        try:
-            await fut.wait_done()
-        except BaseException:
-            fut.cancel()
-            raise
-        return fut.result()
 
     def stream(self, source: Source, *, ordered: bool = True, depth: int | None = None) -> RunStream:
         """An async iterator over the outputs of one run per source item.
@@ -269,23 +285,22 @@ class AsyncRuntime:
         """
         return RunStream(self, source, ordered=ordered, depth=depth)
 
-    def _launch_here(self, call: Any, lease: Lease, t_dispatch: int, t_admit: int) -> RunFuture:
+    def _launch_here(self, call: Any, lease: Lease, t_dispatch: int, t_admit: int, t_launch: int) -> RunFuture:
         """Stages and orchestrates on the loop thread; registers the run with the pump."""
-        t_launch = self._now()
         try:
             inflight = self._rt._launch(call, lease, True, t_dispatch)
         except BaseException:
             self._admission.refill()  # the failed launch released its slot
             raise
-        fut = RunFuture(inflight, t_dispatch, t_admit, t_launch, self._now())
+        fut = RunFuture(inflight, self._loop, t_dispatch, t_admit, t_launch, self._now())
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[inflight.id] = fut
-        self._metrics.launched(fut)
+        self._metrics.launched()
         return fut
 
     def _on_grant(self, job: Job, lease: Lease) -> None:
         """Admission handed `job` a slot (called on the loop thread, in FIFO order)."""
-        job.t_admit = self._now()
+        job.t_admit = t = self._now()
         if self._launcher is not None:
             job.lease = lease
             self._launcher.submit(job)
@@ -293,7 +308,7 @@ class AsyncRuntime:
         call = job.call
         assert call is not None
         try:
-            fut = self._launch_here(call, lease, job.t_dispatch, job.t_admit)
+            fut = self._launch_here(call, lease, job.t_dispatch, t, t)
         except Exception as e:  # the orchestration's error belongs to that dispatch
             job.settle(None, e)
         else:
@@ -337,8 +352,8 @@ class AsyncRuntime:
                 job.settle(None, res)
                 continue
             inflight, t_launch, t_launched = res
-            fut = RunFuture(inflight, job.t_dispatch, job.t_admit, t_launch, t_launched)
-            self._metrics.launched(fut)
+            fut = RunFuture(inflight, self._loop, job.t_dispatch, job.t_admit, t_launch, t_launched)
+            self._metrics.launched()
             if inflight.native.done:
                 # The pump may already have drained this run's id (it was not
                 # registered yet): finish it here.
@@ -364,8 +379,10 @@ class AsyncRuntime:
                 fut = pending.pop(rid, None)
                 if fut is not None:  # None: finished at registration (worker-thread launches)
                     self._complete(fut, now)
-        self._admission.refill()
-        self._check_idle()
+        if self._admission.waiting:
+            self._admission.refill()
+        if self._idle_event is not None:
+            self._check_idle()
 
     def _complete(self, fut: RunFuture, now: int) -> None:
         inflight = fut.inflight
@@ -374,12 +391,12 @@ class AsyncRuntime:
             inflight.finish()  # outcome, write-backs, slot release (idempotent)
         except Exception as e:  # a write-back into the caller's array failed: the run's error
             self._metrics.finished(fut, inflight.native, True, fut.cancelled(), now)
-            fut._fail(e)
+            fut._settle_outcome(None, e)
             return
         err = inflight.error()
         cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
         self._metrics.finished(fut, inflight.native, err is not None, cancelled, now)
-        fut._resolve(inflight)
+        fut._settle_outcome(None if err is not None else inflight.outcome(), err)
 
     def _check_idle(self) -> None:
         if self._idle_event is not None and self._is_idle():

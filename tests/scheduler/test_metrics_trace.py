@@ -77,7 +77,7 @@ def test_metric_helpers():
     r = Ring(3, 2)
     for i in range(5):
         r.append(i, 10 * i)
-    assert len(r) == 3 and sorted(r.pairs()) == [(2, 20), (3, 30), (4, 40)]
+    assert len(r) == 3 and sorted(r.records()) == [(2, 20), (3, 30), (4, 40)]
 
 
 # -- trace ------------------------------------------------------------------------------------------

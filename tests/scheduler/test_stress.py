@@ -11,7 +11,7 @@ import pytest
 import engine
 from scheduler import AsyncRuntime
 
-from .conftest import baseline, filled, tagged
+from .conftest import baseline, eventually, filled, tagged
 
 pytestmark = pytest.mark.anyio
 
@@ -41,15 +41,21 @@ async def test_200_dispatchers_with_random_cancellations(make_rt, in_thread, any
                 checked["cancelled"] += 1
                 return
             y = await fut
-        elif how in ("timeout-call", "timeout-dispatch"):
+        elif how == "timeout-call":
             y = None
             with anyio.move_on_after(r.random() * 0.003):
-                y = await (art.call(value, ns) if how == "timeout-call" else art.dispatch(value, ns))
-                if how == "timeout-dispatch":
-                    y = await y
-            if y is None:
+                y = await art.call(value, ns)
+            if y is None:  # timed out: the call cancelled its run
                 checked["cancelled"] += 1
                 return
+        elif how == "timeout-dispatch":
+            fut = None
+            with anyio.move_on_after(r.random() * 0.003):
+                fut = await art.dispatch(value, ns)
+            if fut is None:  # timed out waiting for admission: no trace
+                checked["cancelled"] += 1
+                return
+            y = await fut
         else:  # the whole task is cancelled at a random point after its dispatch
             with anyio.CancelScope() as scope:
                 fut = await art.dispatch(value, ns)
@@ -76,6 +82,7 @@ async def test_200_dispatchers_with_random_cancellations(make_rt, in_thread, any
         assert s.dispatched == s.completed + s.failed + s.cancelled
         assert s.failed == 0 and s.completed >= checked["ok"]
         assert baseline(rt) == base
-        assert rt._engine.stats()["runs_live"] == 0
+        # The native engine drops a run from its live table just after notifying: allow it that moment.
+        await eventually(lambda: rt._engine.stats()["runs_live"] == 0)
         # Still fully usable afterwards.
         np.testing.assert_array_equal(await art.call(1234.0, 0), filled(1234.0))
