@@ -1,0 +1,306 @@
+"""The all-MiniLM-L6-v2 sentence encoder as a Tandem program, and MiniLMEncoder around it.
+
+One run encodes one padded batch: ids and a 0/1 attention mask [B, S] (B and S
+symbolic, S the longest sentence of the batch) go in, L2-normalised sentence
+embeddings [B, hidden] come out. The weights are one resident DeviceTensor.
+
+How the work is cut. The token rows of the batch (T = B * S, every activation
+is a [T, features] matrix) are split into one contiguous chunk per pool
+worker. Row-wise work (matmuls, bias adds, GELU, layernorms) is submitted per
+chunk, so each worker gets one large BLAS product per stage and a chunk moves
+on to its next stage as soon as its own rows are ready: the engine tracks
+dependencies by byte range, and chunks are disjoint. Attention is submitted
+per (chunk piece, head): a piece is the part of a chunk inside a run of whole
+sequences (or a slice of one sequence's queries), and a head is a column slice
+of the fused QKV matrix, which the attention kernel reads as a strided view —
+no transposes. Heads of one piece write interleaved columns of the context
+matrix, so they run one after the other; the parallelism is across chunks.
+"""
+
+import weakref
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, AsyncIterator, Sequence
+
+import numpy as np
+
+import engine
+from engine import In, Out
+from engine import kernels as K
+from examples.minilm.weights import (BertConfig, Layout, default_model_dir, load_config, load_tokenizer,
+                                     load_weights)
+
+if TYPE_CHECKING:
+    from scheduler import AsyncRuntime, RunFuture
+
+__all__ = ["MiniLMEncoder", "build_program", "row_chunks"]
+
+# Padding keys get this subtracted from their scores: exp() of it is exactly 0,
+# while 0 - 0 stays exactly 0 for real tokens (unlike adding a large number to them).
+_MASK_PENALTY = 1e9
+
+Piece = tuple[int, int, int, int]  # batch rows [b0, b1), query positions [s0, s1)
+
+
+def row_chunks(batch: int, seq: int, parts: int) -> list[tuple[int, int, list[Piece]]]:
+    """Splits the T = batch * seq token rows into `parts` near-equal contiguous chunks.
+
+    Each chunk (r0, r1, pieces) lists the pieces attention works on: whole
+    sequences merged into one piece, and the partial sequences at either end.
+    """
+    total = batch * seq
+    parts = max(1, min(parts, total))
+    out = []
+    for i in range(parts):
+        r0, r1 = total * i // parts, total * (i + 1) // parts
+        b0, s0 = divmod(r0, seq)
+        b1, s1 = divmod(r1, seq)
+        pieces: list[Piece] = []
+        if b0 == b1:
+            pieces.append((b0, b0 + 1, s0, s1))
+        else:
+            if s0:
+                pieces.append((b0, b0 + 1, s0, seq))
+                b0 += 1
+            if b1 > b0:
+                pieces.append((b0, b1, 0, seq))
+            if s1:
+                pieces.append((b1, b1 + 1, 0, s1))
+        out.append((r0, r1, pieces))
+    return out
+
+
+class _WeightViews:
+    """Named device views into the packed weight tensor, built once per tensor (views are immutable)."""
+
+    def __init__(self, layout: Layout) -> None:
+        self._layout = layout
+        self._cache: "weakref.WeakKeyDictionary[engine.DeviceTensor, dict[str, engine.DeviceTensor]]" = (
+            weakref.WeakKeyDictionary())
+
+    def __call__(self, params: engine.DeviceTensor) -> dict[str, engine.DeviceTensor]:
+        views = self._cache.get(params)
+        if views is None:
+            views = {}
+            for name, (off, shape) in self._layout.entries.items():
+                n = int(np.prod(shape))
+                views[name] = params[off:off + n].reshape(shape)
+            self._cache[params] = views
+        return views
+
+
+def build_program(cfg: BertConfig, layout: Layout) -> engine.Program:
+    """The encoder program for one model shape: (ids, mask, params) -> embeddings."""
+    hidden, heads, dh = cfg.hidden, cfg.heads, cfg.head_dim
+    views = _WeightViews(layout)
+    eps = cfg.eps
+
+    # No `from __future__ import annotations` in this module: the engine evaluates these
+    # annotations, and they close over this function's locals.
+    @engine.program
+    def minilm(run: engine.Run, ids: In(("B", "S"), "int32"), mask: In(("B", "S")),  # type: ignore[valid-type]
+               params: In((layout.size,)), out: Out(("B", hidden))) -> None:  # type: ignore[valid-type]
+        w = views(params)
+        batch, seq = ids.shape
+        tokens = batch * seq
+        x = run.scratch((tokens, hidden))  # the hidden state, updated in place layer after layer
+        qkv = run.scratch((tokens, 3 * hidden))
+        ctx = run.scratch((tokens, hidden))
+        ff = run.scratch((tokens, cfg.intermediate))
+        bias = run.scratch((batch, 1, seq))  # additive attention mask, broadcast over queries
+        minus_one = run.scratch((1,))
+        x3, qkv3, ctx3 = x.reshape(batch, seq, hidden), qkv.reshape(batch, seq, 3 * hidden), ctx.reshape(
+            batch, seq, hidden)
+        flat_ids = ids.reshape(tokens)
+        chunks = row_chunks(batch, seq, run.workers)
+
+        # bias = (mask - 1) * penalty: 0 for tokens, -penalty for padding.
+        bias2 = bias.reshape(batch, seq)
+        run.submit(K.fill, out=minus_one, value=-1.0)
+        run.submit(K.add, mask, minus_one, out=bias2)
+        run.submit(K.scale, bias2, out=bias2, alpha=_MASK_PENALTY)
+
+        # Embeddings: word + (position + token type 0), then layernorm.
+        for r0, r1, pieces in chunks:
+            run.submit(K.embedding, flat_ids[r0:r1], w["word"], out=x[r0:r1])
+            for b0, b1, s0, s1 in pieces:
+                xp = x3[b0:b1, s0:s1]
+                run.submit(K.add, xp, w["pos_type"][s0:s1], out=xp)
+            run.submit(K.layernorm, x[r0:r1], w["emb_ln_g"], w["emb_ln_b"], out=x[r0:r1], eps=eps)
+
+        for layer in range(cfg.layers):
+            p = f"{layer}."
+            for r0, r1, _ in chunks:
+                run.submit(K.matmul, x[r0:r1], w[p + "qkv_w"], out=qkv[r0:r1])
+                run.submit(K.add, qkv[r0:r1], w[p + "qkv_b"], out=qkv[r0:r1])
+            for _, _, pieces in chunks:
+                for b0, b1, s0, s1 in pieces:
+                    for h in range(heads):
+                        c = h * dh
+                        run.submit(K.attention, qkv3[b0:b1, s0:s1, c:c + dh],
+                                   qkv3[b0:b1, :, hidden + c:hidden + c + dh],
+                                   qkv3[b0:b1, :, 2 * hidden + c:2 * hidden + c + dh],
+                                   mask=bias[b0:b1], out=ctx3[b0:b1, s0:s1, c:c + dh])
+            for r0, r1, _ in chunks:
+                xc, fc = x[r0:r1], ff[r0:r1]
+                # x = layernorm(x + ctx @ Wo + bo): the residual is matmul's beta=1 accumulator.
+                run.submit(K.matmul, ctx[r0:r1], w[p + "o_w"], out=xc, beta=1.0)
+                run.submit(K.add, xc, w[p + "o_b"], out=xc)
+                run.submit(K.layernorm, xc, w[p + "ln1_g"], w[p + "ln1_b"], out=xc, eps=eps)
+                # x = layernorm(x + gelu(x @ W1 + b1) @ W2 + b2)
+                run.submit(K.matmul, xc, w[p + "ff1_w"], out=fc)
+                run.submit(K.add, fc, w[p + "ff1_b"], out=fc)
+                run.submit(K.gelu, fc, out=fc)
+                run.submit(K.matmul, fc, w[p + "ff2_w"], out=xc, beta=1.0)
+                run.submit(K.add, xc, w[p + "ff2_b"], out=xc)
+                run.submit(K.layernorm, xc, w[p + "ln2_g"], w[p + "ln2_b"], out=xc, eps=eps)
+
+        # Masked mean over real tokens, then unit length (sentence-transformers' Pooling + Normalize).
+        run.submit(K.mean_pool, x3, mask, out=out)
+        run.submit(K.l2_normalize, out, out=out)
+
+    return minilm
+
+
+class MiniLMEncoder:
+    """all-MiniLM-L6-v2 on the engine: prepared once, weights resident, any number of encode() calls.
+
+        with MiniLMEncoder() as enc:
+            vectors = enc.encode(["a sentence", "another one"])      # [2, 384] float32, unit rows
+
+        async with enc.open_async():                                   # inside an event loop
+            vectors = await enc.aencode(texts)
+
+    max_batch and max_seq_length bound the symbolic dims B and S (they size each
+    pipeline slot's buffers). Longer texts are truncated to max_seq_length tokens,
+    as sentence-transformers does; the default is the model's own (256).
+    """
+
+    def __init__(self, model_dir: str | Path | None = None, *, max_batch: int = 32,
+                 max_seq_length: int | None = None, workers: int | None = None, depth: int = 2) -> None:
+        self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
+        self.config = load_config(self.model_dir)
+        if max_seq_length is None:
+            max_seq_length = self.config.max_seq_length
+        if not 2 <= max_seq_length <= self.config.max_positions:
+            raise ValueError(f"max_seq_length must be in [2, {self.config.max_positions}], got {max_seq_length}")
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be positive, got {max_batch}")
+        self.max_batch = max_batch
+        self.max_seq_length = max_seq_length
+        self.tokenizer = load_tokenizer(self.model_dir, max_seq_length)
+        self._untruncated = load_tokenizer(self.model_dir, None)
+        packed = load_weights(self.model_dir, self.config)
+        self.layout = packed.layout
+        self.program = build_program(self.config, packed.layout)
+        self.runtime = self.program.prepare(workers=workers, depth=depth,
+                                            bounds={"B": max_batch, "S": max_seq_length})
+        try:
+            self.params = self.runtime.alloc_tensor((packed.layout.size,), "float32", init=packed.flat)
+        except BaseException:
+            self.runtime.close()
+            raise
+        self._art: "AsyncRuntime | None" = None
+
+    @property
+    def dim(self) -> int:
+        return self.config.hidden
+
+    # -- tokens -------------------------------------------------------------------------
+    def tokenize(self, texts: Sequence[str], *, truncate: bool = True) -> list[np.ndarray]:
+        """Token ids of each text ([CLS] ... [SEP]), unpadded; truncated to max_seq_length unless told not to
+        (callers that reject long texts rather than cut them, like the service, check the lengths)."""
+        texts = _check_texts(texts)
+        tok = self.tokenizer if truncate else self._untruncated
+        return [np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)]
+
+    @staticmethod
+    def pad(token_lists: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """ids [B, S] int32 (0 = [PAD]) and mask [B, S] float32, S the longest sequence."""
+        seq = max(len(t) for t in token_lists)
+        ids = np.zeros((len(token_lists), seq), np.int32)
+        mask = np.zeros((len(token_lists), seq), np.float32)
+        for i, t in enumerate(token_lists):
+            ids[i, :len(t)] = t
+            mask[i, :len(t)] = 1.0
+        return ids, mask
+
+    def _batches(self, token_lists: list[np.ndarray]) -> list[list[int]]:
+        # Longest first, as sentence-transformers does: similar lengths share a batch, so little padding.
+        order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
+        return [order[i:i + self.max_batch] for i in range(0, len(order), self.max_batch)]
+
+    # -- synchronous -----------------------------------------------------------------------
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """Embeddings [len(texts), dim] in input order; batches of max_batch run pipelined."""
+        if self._art is not None:
+            raise RuntimeError("encode() while open_async() drives the runtime: use await aencode()")
+        toks = self.tokenize(texts)
+        out = np.empty((len(toks), self.dim), np.float32)
+        handles = []
+        for idx in self._batches(toks):
+            ids, mask = self.pad([toks[i] for i in idx])
+            handles.append((idx, self.runtime.submit(ids, mask, self.params)))  # blocks only at `depth` in flight
+        for idx, h in handles:
+            out[idx] = h.result()
+        return out
+
+    # -- asynchronous ----------------------------------------------------------------------
+    @asynccontextmanager
+    async def open_async(self) -> AsyncIterator["MiniLMEncoder"]:
+        """Drives the runtime from the current event loop (asyncio or trio) for aencode()/dispatch()."""
+        from scheduler import AsyncRuntime
+
+        if self._art is not None:
+            raise RuntimeError("open_async() is already open")
+        async with AsyncRuntime(self.runtime) as art:
+            self._art = art
+            try:
+                yield self
+            finally:
+                self._art = None
+
+    def _async_runtime(self) -> "AsyncRuntime":
+        if self._art is None:
+            raise RuntimeError("aencode()/dispatch() need `async with encoder.open_async():` first")
+        return self._art
+
+    async def dispatch(self, token_lists: Sequence[np.ndarray]) -> "RunFuture":
+        """Starts one run over at most max_batch tokenized texts; await the future for [n, dim]."""
+        if not 1 <= len(token_lists) <= self.max_batch:
+            raise ValueError(f"a run takes 1 to {self.max_batch} texts, got {len(token_lists)}")
+        ids, mask = self.pad(token_lists)
+        return await self._async_runtime().dispatch(ids, mask, self.params)
+
+    async def aencode(self, texts: Sequence[str]) -> np.ndarray:
+        """encode() from async code: every batch is dispatched before the first is awaited."""
+        art = self._async_runtime()
+        toks = self.tokenize(texts)
+        out = np.empty((len(toks), self.dim), np.float32)
+        futures = []
+        for idx in self._batches(toks):
+            ids, mask = self.pad([toks[i] for i in idx])
+            futures.append((idx, await art.dispatch(ids, mask, self.params)))
+        for idx, fut in futures:
+            out[idx] = await fut
+        return out
+
+    # -- lifetime --------------------------------------------------------------------------
+    def close(self) -> None:
+        self.runtime.close()
+
+    def __enter__(self) -> "MiniLMEncoder":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _check_texts(texts: Sequence[str]) -> list[str]:
+    if isinstance(texts, str):
+        raise TypeError("pass a list of strings, not a single string")
+    texts = list(texts)
+    for i, t in enumerate(texts):
+        if not isinstance(t, str):
+            raise TypeError(f"text {i} is a {type(t).__name__}, not a str")
+    return texts
