@@ -34,7 +34,7 @@ floor's round trip; at depth 8 the dispatch rate is at least half the floor's
 pipelined rate. Published reference points: Ray Compiled Graphs under 50 us
 per execution; JAX about 7 us per trivial jitted call.
 
-    python benchmarks/dispatch.py [--quick] [--backend asyncio|trio] [--json PATH]
+    python benchmarks/dispatch.py [--quick] [--backend asyncio|trio] [--ops N] [--reps N] [--json PATH]
 """
 
 from __future__ import annotations
@@ -278,10 +278,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer operations and repetitions")
     ap.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
+    ap.add_argument("--ops", type=int, default=None, help="awaited operations per measurement")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions per figure (the median is reported)")
     ap.add_argument("--json", default=None, help="where to write the JSON figures")
     args = ap.parse_args(argv)
-    n = 2_000 if args.quick else 20_000
-    reps = 3 if args.quick else 7
+    n = args.ops or (2_000 if args.quick else 20_000)
+    reps = args.reps or (3 if args.quick else 7)
     figures = anyio.run(measure, n, reps, args.backend, backend=args.backend)
     figures["cores"] = os.cpu_count()
 
