@@ -1,6 +1,8 @@
 """The event loop is never blocked by the device: heartbeat lag under 1,000 dispatches of 1 ms work.
 
-This is the one wall-clock figure the scheduler promises (the issue's 5 ms).
+This is the one wall-clock figure the scheduler promises (the issue's 5 ms),
+checked with orchestration on the loop thread and in a worker thread.
+
 The machine is a small shared VM: with the pool worker spinning on one of two
 cores, any other busy process makes the kernel preempt the loop thread for
 milliseconds at a time, and the hypervisor steals CPU now and then; neither
@@ -10,18 +12,26 @@ is something a scheduler design can prevent. So:
   left is time spent running our code or blocked (in a syscall, on the GIL
   held by another thread), which is what the bound is about;
 - a measurement over the bound is repeated (at most twice) and the best
-  attempt must be under it. Such outliers are rare and random (a heartbeat
-  with no dispatch traffic at all shows them too), whereas a scheduler that
-  blocks the loop would fail every attempt.
-Both the raw and the charged figures are printed.
+  attempt must be under it: such outliers are rare and random, whereas a
+  scheduler that blocks the loop fails every attempt;
+- if every attempt is over the bound, a control runs the same device work
+  without the scheduler (one long run for the loop-thread case; the
+  synchronous Runtime driven from a worker thread for the worker-thread case,
+  which exposes the loop to the same GIL hand-offs). If the control is over
+  the bound too, the machine is too loaded to tell, and the test is skipped
+  saying so; otherwise it fails.
+The figures are printed (pytest -s).
 """
 
 from __future__ import annotations
 
 import time
+from collections import deque
 from pathlib import Path
+from typing import Any, Awaitable, Callable
 
 import anyio
+import anyio.to_thread
 import pytest
 
 from scheduler import AsyncRuntime
@@ -46,8 +56,8 @@ def run_queue_wait_s() -> float:
         return 0.0
 
 
-async def measure(rt, in_thread: bool) -> tuple[float, float, int]:
-    """(worst raw lag, worst lag excluding run-queue waits, heartbeats) over DISPATCHES runs of WORK_NS."""
+async def with_heartbeat(work: Callable[[], Awaitable[None]]) -> tuple[float, float, int]:
+    """Runs work() beside a 1 ms heartbeat: (worst raw lag, worst lag excluding run-queue waits, beats)."""
     worst_raw = worst_own = 0.0
     beats = 0
     done = anyio.Event()
@@ -64,31 +74,67 @@ async def measure(rt, in_thread: bool) -> tuple[float, float, int]:
             worst_own = max(worst_own, lag - preempted)
             beats += 1
 
-    async with AsyncRuntime(rt, orchestrate_in_thread=in_thread) as art:
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(heartbeat)
-            await anyio.sleep(0.01)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        await anyio.sleep(0.01)
+        await work()
+        done.set()
+    return worst_raw, worst_own, beats
+
+
+def scheduler_work(rt: Any, in_thread: bool) -> Callable[[], Awaitable[None]]:
+    async def work() -> None:
+        async with AsyncRuntime(rt, orchestrate_in_thread=in_thread) as art:
             n = 0
             async for _ in art.stream((WORK_NS,) for _ in range(DISPATCHES)):
                 n += 1
-            done.set()
-        assert n == DISPATCHES
-        assert art.stats().completed == DISPATCHES
-    return worst_raw, worst_own, beats
+            assert n == DISPATCHES and art.stats().completed == DISPATCHES
+
+    return work
+
+
+def control_work(rt: Any, in_thread: bool) -> Callable[[], Awaitable[None]]:
+    def sync_pipeline() -> None:  # the synchronous Runtime at the same depth, in a worker thread
+        window: deque[Any] = deque()
+        for _ in range(DISPATCHES):
+            if len(window) == rt.depth:
+                window.popleft().result()
+            window.append(rt.submit(WORK_NS))
+        while window:
+            window.popleft().result()
+
+    async def work() -> None:
+        if in_thread:
+            await anyio.to_thread.run_sync(sync_pipeline)
+        else:  # the same device time in one run: no orchestration at all
+            await anyio.to_thread.run_sync(lambda: rt.submit(DISPATCHES * WORK_NS).result())
+
+    return work
+
+
+def charged(raw: float, own: float) -> float:
+    return own if _SCHEDSTAT.exists() else raw
 
 
 async def test_heartbeat_lag_stays_under_5ms(make_rt, in_thread, anyio_backend):
     rt = make_rt(spin, depth=2)
-    checked_attempts = []
+    mode = "a worker thread" if in_thread else "the loop thread"
+    attempts = []
     report = []
     for _ in range(3):
-        worst_raw, worst_own, beats = await measure(rt, in_thread)
+        raw, own, beats = await with_heartbeat(scheduler_work(rt, in_thread))
         assert beats > DISPATCHES // 4  # the heartbeat really ran throughout
-        checked = worst_own if _SCHEDSTAT.exists() else worst_raw
-        checked_attempts.append(checked)
-        report.append(f"{worst_raw * 1e3:.2f} ms raw / {worst_own * 1e3:.2f} ms excluding run-queue waits")
-        if checked < BOUND_S:
+        attempts.append(charged(raw, own))
+        report.append(f"{raw * 1e3:.2f} ms raw / {own * 1e3:.2f} ms excluding run-queue waits")
+        if attempts[-1] < BOUND_S:
             break
-    mode = "thread" if in_thread else "loop"
-    print(f"\n[{anyio_backend}, orchestration on the {mode}] worst heartbeat lag: " + "; ".join(report))
-    assert min(checked_attempts) < BOUND_S
+    print(f"\n[{anyio_backend}, orchestration on {mode}] worst heartbeat lag: " + "; ".join(report))
+    if min(attempts) < BOUND_S:
+        return
+    raw, own, _ = await with_heartbeat(control_work(rt, in_thread))
+    print(f"control without the scheduler: {raw * 1e3:.2f} ms raw / {own * 1e3:.2f} ms excluding run-queue waits")
+    if charged(raw, own) >= BOUND_S:
+        pytest.skip(f"the machine is too loaded to measure: the control without the scheduler lagged "
+                    f"{charged(raw, own) * 1e3:.1f} ms")
+    pytest.fail(f"heartbeat lag {min(attempts) * 1e3:.2f} ms with the scheduler, "
+                f"{charged(raw, own) * 1e3:.2f} ms without it (bound {BOUND_S * 1e3:.0f} ms)")
