@@ -17,9 +17,11 @@ is something a scheduler design can prevent. So:
 - if every attempt is over the bound, a control runs the same device work
   without the scheduler (one long run for the loop-thread case; the
   synchronous Runtime driven from a worker thread for the worker-thread case,
-  which exposes the loop to the same GIL hand-offs). If the control is over
-  the bound too, the machine is too loaded to tell, and the test is skipped
-  saying so; otherwise it fails.
+  which exposes the loop to the same GIL hand-offs), twice. The scheduler's
+  own share of a heartbeat is well under a millisecond when the machine is
+  quiet, so if the control alone comes within ENV_MARGIN_S of the bound, the
+  machine is too loaded to tell and the test is skipped saying so; otherwise
+  it fails.
 The figures are printed (pytest -s).
 """
 
@@ -41,6 +43,7 @@ from .conftest import spin
 pytestmark = pytest.mark.anyio
 
 BOUND_S = 0.005
+ENV_MARGIN_S = 0.001
 HEARTBEAT_S = 0.001
 DISPATCHES = 1000
 WORK_NS = 1_000_000
@@ -131,10 +134,13 @@ async def test_heartbeat_lag_stays_under_5ms(make_rt, in_thread, anyio_backend):
     print(f"\n[{anyio_backend}, orchestration on {mode}] worst heartbeat lag: " + "; ".join(report))
     if min(attempts) < BOUND_S:
         return
-    raw, own, _ = await with_heartbeat(control_work(rt, in_thread))
-    print(f"control without the scheduler: {raw * 1e3:.2f} ms raw / {own * 1e3:.2f} ms excluding run-queue waits")
-    if charged(raw, own) >= BOUND_S:
-        pytest.skip(f"the machine is too loaded to measure: the control without the scheduler lagged "
-                    f"{charged(raw, own) * 1e3:.1f} ms")
+    control = []
+    for _ in range(2):
+        raw, own, _ = await with_heartbeat(control_work(rt, in_thread))
+        control.append(charged(raw, own))
+        print(f"control without the scheduler: {raw * 1e3:.2f} ms raw / {own * 1e3:.2f} ms excluding run-queue waits")
+    if max(control) >= BOUND_S - ENV_MARGIN_S:
+        pytest.skip(f"the machine is too loaded to measure: without the scheduler the heartbeat already lagged "
+                    f"{max(control) * 1e3:.1f} ms")
     pytest.fail(f"heartbeat lag {min(attempts) * 1e3:.2f} ms with the scheduler, "
-                f"{charged(raw, own) * 1e3:.2f} ms without it (bound {BOUND_S * 1e3:.0f} ms)")
+                f"at most {max(control) * 1e3:.2f} ms without it (bound {BOUND_S * 1e3:.0f} ms)")
