@@ -1,0 +1,228 @@
+"""The streaming decoder example (examples/decoder): exact greedy agreement with torch, the
+resident KV cache and token sequence, pipelined streaming, and request errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+pytest.importorskip("torch")
+
+from examples.decoder import Decoder, DecoderConfig, init_weights  # noqa: E402
+from examples.decoder.reference import ReferenceDecoder  # noqa: E402
+from examples.decoder.vocab import Detokenizer, ToyVocab  # noqa: E402
+
+CFG = DecoderConfig()  # 4 layers, width 256, 4 heads, vocab 8192, a cache of 128 positions
+T = CFG.max_len
+
+
+def prompt_of(length: int, seed: int) -> list[int]:
+    return np.random.default_rng(seed).integers(0, CFG.vocab, length).tolist()
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def weights() -> dict[str, np.ndarray]:
+    return init_weights(CFG, seed=0)
+
+
+@pytest.fixture(scope="module")
+def reference(weights):
+    """The torch model, on one thread: the tests run next to the engine's pool on small machines,
+    where torch's intra-op threads would fight it for the cores."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield ReferenceDecoder(CFG, weights)
+    finally:
+        torch.set_num_threads(threads)
+
+
+# Prompts and lengths checked against torch: two fill the cache to its last position.
+CASES = [((1, 1), T - 1), ((40, 2), T - 40), ((7, 3), 25), ((100, 4), 3)]
+
+
+@pytest.fixture(scope="module")
+def expected(reference) -> list[tuple[list[int], int, list[int]]]:
+    """(prompt, n, torch's greedy tokens) per case, computed once."""
+    out = []
+    for (length, seed), n in CASES:
+        prompt = prompt_of(length, seed)
+        out.append((prompt, n, reference.generate(prompt, n)))
+    return out
+
+
+@pytest.fixture(scope="module")
+def decoder(weights):
+    """A depth-2 decoder shared by the tests that use it synchronously."""
+    with Decoder(CFG, weights, depth=2) as dec:
+        yield dec
+
+
+# -- the model ------------------------------------------------------------------------------
+def test_weights_come_from_the_seed():
+    a, b, c = init_weights(CFG, seed=0), init_weights(CFG, seed=0), init_weights(CFG, seed=1)
+    assert set(a) == set(b) == set(c)
+    for name in a:
+        assert a[name].dtype == np.float32
+        np.testing.assert_array_equal(a[name], b[name])
+    assert not np.array_equal(a["wq"], c["wq"])
+
+
+def test_config_rejects_bad_shapes():
+    with pytest.raises(ValueError, match="divisible"):
+        DecoderConfig(d_model=250, n_heads=4)
+    with pytest.raises(ValueError, match="max_len"):
+        DecoderConfig(max_len=0)
+
+
+# -- exactness against torch -------------------------------------------------------------------
+@pytest.mark.parametrize("depth, workers", [(1, 1), (2, 1), (3, 2)])
+def test_generate_equals_torch_greedy_up_to_the_cache_size(weights, expected, depth, workers):
+    """Several prompts and lengths (CASES), two of them filling the cache to its last position.
+
+    More workers and a deeper pipeline give step N+1 every chance to run early; only the
+    engine's cross-run dependencies (tokens, KV cache) keep it in order.
+    """
+    with Decoder(CFG, weights, depth=depth, workers=workers) as dec:
+        for prompt, n, want in expected:
+            assert dec.generate(prompt, n) == want, f"prompt of {len(prompt)} tokens, {n} new"
+
+
+def test_generated_tokens_vary(decoder, reference):
+    """Guards the test above against a degenerate model that repeats one token."""
+    got = decoder.generate(prompt_of(5, 5), 60)
+    assert len(set(got)) > 30
+
+
+def test_resident_state_after_generation_matches_torch(decoder, reference):
+    prompt = prompt_of(9, 6)
+    got = decoder.generate(prompt, 30)
+    seq = prompt + got
+    np.testing.assert_array_equal(decoder.tokens.to_numpy()[:len(seq)], seq)
+    # The cache holds every position that was run (the last token was chosen, never run).
+    kv = decoder.kv_cache.to_numpy()[:, :, :, :len(seq) - 1]
+    np.testing.assert_allclose(kv, reference.keys_values(seq[:-1]), rtol=0, atol=1e-5)
+
+
+def test_prompts_longer_than_one_step_prefill_in_one_run(decoder, reference):
+    """A prompt of the whole cache but one position: one prefill run, then one decode step."""
+    prompt = prompt_of(T - 2, 7)
+    assert decoder.generate(prompt, 2) == reference.generate(prompt, 2)
+
+
+# -- running out of cache ----------------------------------------------------------------------
+def test_running_out_of_cache_raises_before_anything_runs(decoder):
+    prompt = prompt_of(10, 8)
+    before = decoder.tokens.to_numpy()
+    with pytest.raises(ValueError, match=r"out of KV cache.*10 tokens plus 119 new.*max_len=128.*at most 118"):
+        decoder.generate(prompt, T - 10 + 1)
+    np.testing.assert_array_equal(decoder.tokens.to_numpy(), before)  # nothing was dispatched
+    assert len(decoder.generate(prompt, T - 10)) == T - 10  # exactly the cache size is fine
+
+
+@pytest.mark.anyio
+async def test_astream_out_of_cache_raises_at_the_call_before_dispatching(weights):
+    async with Decoder(CFG, weights) as dec:
+        with pytest.raises(ValueError, match="out of KV cache"):
+            dec.astream([1, 2, 3], T)
+        assert dec.stats().dispatched == 0
+
+
+# -- streaming -----------------------------------------------------------------------------------
+@pytest.mark.anyio
+async def test_astream_yields_each_token_while_later_steps_are_already_dispatched(weights, reference):
+    prompt, n, depth = prompt_of(4, 9), 20, 2
+    expected = reference.generate(prompt, n)
+    async with Decoder(CFG, weights, depth=depth) as dec:
+        got = []
+        async for token in dec.astream(prompt, n):
+            # When token k reaches us, steps up to k + depth have been dispatched: the host
+            # never waited for a token before dispatching the step that consumes it.
+            assert dec.stats().dispatched == min(n, len(got) + 1 + depth)
+            got.append(token)
+        assert got == expected
+        stats = dec.stats()
+        assert stats.completed == n and stats.failed == 0 and stats.in_flight == 0
+
+
+@pytest.mark.anyio
+async def test_leaving_the_stream_early_cancels_the_rest_and_the_decoder_stays_usable(weights, reference):
+    prompt = prompt_of(6, 10)
+    async with Decoder(CFG, weights, depth=3) as dec:
+        stream = dec.astream(prompt, 50)
+        got = []
+        async for token in stream:
+            got.append(token)
+            if len(got) == 3:
+                break
+        await stream.aclose()
+        assert got == reference.generate(prompt, 3)
+        assert await dec.agenerate(prompt, 12) == reference.generate(prompt, 12)
+        assert dec.stats().dispatched < 3 + 3 + 1 + 12  # the abandoned steps were never all dispatched
+
+
+@pytest.mark.anyio
+async def test_one_generation_at_a_time(weights):
+    async with Decoder(CFG, weights) as dec:
+        first = dec.astream([1, 2], 5)
+        assert isinstance(await first.__anext__(), int)
+        with pytest.raises(RuntimeError, match="one sequence at a time"):
+            await dec.astream([3, 4], 5).__anext__()
+        with pytest.raises(RuntimeError, match="astream"):
+            dec.generate([1], 1)
+        rest = [t async for t in first]
+        assert len(rest) == 4
+
+
+def test_astream_needs_async_with(decoder):
+    with pytest.raises(RuntimeError, match="async with"):
+        decoder.astream([1], 1)
+
+
+# -- request validation ----------------------------------------------------------------------------
+@pytest.mark.parametrize("prompt, n, error, match", [
+    ([], 3, ValueError, "empty"),
+    ([1, CFG.vocab], 3, ValueError, "outside the vocabulary"),
+    ([-1], 3, ValueError, "outside the vocabulary"),
+    ([1], -1, ValueError, ">= 0"),
+    ([1], 2.0, TypeError, "must be an int"),
+    ([[1, 2]], 2, TypeError, "1-D"),
+    ([1.5], 2, TypeError, "1-D sequence of ints"),
+])  # fmt: skip
+def test_bad_requests_are_rejected(decoder, prompt, n, error, match):
+    with pytest.raises(error, match=match):
+        decoder.generate(prompt, n)
+
+
+def test_zero_new_tokens(decoder):
+    assert decoder.generate([1, 2], 0) == []
+
+
+def test_closed_decoder_rejects_generation(weights):
+    dec = Decoder(CFG, weights)
+    dec.close()
+    dec.close()  # idempotent
+    assert dec.closed
+    import engine
+
+    with pytest.raises(engine.ClosedError):
+        dec.generate([1], 1)
+
+
+# -- the toy vocabulary ------------------------------------------------------------------------------
+def test_toy_vocab_is_deterministic_and_detokenises_incrementally():
+    vocab = ToyVocab(CFG.vocab, seed=0)
+    assert len(vocab) == len(set(vocab.pieces)) == CFG.vocab
+    assert ToyVocab(CFG.vocab, seed=0).pieces == vocab.pieces
+    ids = [100, 200, 300, 400]
+    detok = Detokenizer(vocab)
+    deltas = [detok.push(i) for i in ids]
+    assert "".join(deltas) == detok.text == vocab.decode(ids)
+    assert not detok.text.startswith(" ")
