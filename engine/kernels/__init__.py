@@ -37,10 +37,11 @@ from engine.kernels.builtins import (
     tanh,
     transpose,
 )
+from engine.kernels import host
 from engine.kernels.signature import READ, READWRITE, REQUIRED, WRITE, Binding, Call, Kernel, Param
 
 __all__ = [
-    "Kernel", "Param", "Binding", "Call", "READ", "WRITE", "READWRITE", "REQUIRED", "BUILTINS",
+    "Kernel", "Param", "Binding", "Call", "READ", "WRITE", "READWRITE", "REQUIRED", "BUILTINS", "host",
     "matmul", "add", "sub", "mul", "div", "scale", "relu", "gelu", "silu", "tanh", "exp",
     "softmax", "layernorm", "rmsnorm", "l2_normalize", "sum", "mean", "max", "argmax", "mean_pool",
     "embedding", "attention", "cast", "transpose", "copy", "fill", "noop", "spin",

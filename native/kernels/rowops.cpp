@@ -58,32 +58,32 @@ struct SquareDev {
 
 }  // namespace
 
-TD_CLONES void add(const float* a, const float* b, float* o, int64_t n) {
+TD_CLONES_STREAM void add(const float* a, const float* b, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
 }
-TD_CLONES void sub(const float* a, const float* b, float* o, int64_t n) {
+TD_CLONES_STREAM void sub(const float* a, const float* b, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] - b[i];
 }
-TD_CLONES void mul(const float* a, const float* b, float* o, int64_t n) {
+TD_CLONES_STREAM void mul(const float* a, const float* b, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i];
 }
-TD_CLONES void div(const float* a, const float* b, float* o, int64_t n) {
+TD_CLONES_STREAM void div(const float* a, const float* b, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b[i];
 }
-TD_CLONES void add_s(const float* a, float s, float* o, int64_t n) {
+TD_CLONES_STREAM void add_s(const float* a, float s, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] + s;
 }
-TD_CLONES void sub_s(const float* a, float s, float* o, int64_t n) {
+TD_CLONES_STREAM void sub_s(const float* a, float s, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] - s;
 }
-TD_CLONES void mul_s(const float* a, float s, float* o, int64_t n) {
+TD_CLONES_STREAM void mul_s(const float* a, float s, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] * s;
 }
-TD_CLONES void div_s(const float* a, float s, float* o, int64_t n) {
+TD_CLONES_STREAM void div_s(const float* a, float s, float* o, int64_t n) {
   for (int64_t i = 0; i < n; ++i) o[i] = a[i] / s;
 }
 
-TD_CLONES void relu(const float* x, float* o, int64_t n) {
+TD_CLONES_STREAM void relu(const float* x, float* o, int64_t n) {
   // Selecting on x < 0 lets NaN through, as torch does.
   for (int64_t i = 0; i < n; ++i) o[i] = x[i] < 0.0f ? 0.0f : x[i];
 }
@@ -143,16 +143,56 @@ TD_CLONES float max(const float* x, int64_t n) {
   return any_nan ? std::numeric_limits<float>::quiet_NaN() : best;
 }
 
-int64_t argmax(const float* x, int64_t n) {
+TD_CLONES int64_t argmax(const float* x, int64_t n) {
   if (n <= 0) return 0;
-  const float m = max(x, n);
-  if (m != m) {
+  if (n > 0x7fffffff) {  // beyond int32 lane indices: two passes
+    const float m = max(x, n);
     for (int64_t i = 0; i < n; ++i)
-      if (x[i] != x[i]) return i;
+      if (x[i] == m || (m != m && x[i] != x[i])) return i;
+    return 0;
   }
-  for (int64_t i = 0; i < n; ++i)
-    if (x[i] == m) return i;
-  return 0;
+  // One pass: each lane keeps its maximum and where it first saw it (strict >
+  // keeps the first occurrence), plus whether it met a NaN.
+  float best[kLanes];
+  int32_t where[kLanes], nan[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    best[j] = -std::numeric_limits<float>::infinity();
+    where[j] = j;
+    nan[j] = 0;
+  }
+  int32_t i = 0;
+  const int32_t n32 = static_cast<int32_t>(n);
+  for (; i + kLanes <= n32; i += kLanes) {
+    for (int j = 0; j < kLanes; ++j) {
+      const float v = x[i + j];
+      const bool better = v > best[j];
+      best[j] = better ? v : best[j];
+      where[j] = better ? i + j : where[j];
+      nan[j] |= static_cast<int32_t>(v != v);
+    }
+  }
+  int64_t arg = -1;
+  float m = -std::numeric_limits<float>::infinity();
+  int32_t any_nan = 0;
+  for (int j = 0; j < kLanes; ++j) {
+    any_nan |= nan[j];
+    if (best[j] > m || (best[j] == m && where[j] < arg)) {
+      m = best[j];
+      arg = where[j];
+    }
+  }
+  for (; i < n32; ++i) {
+    any_nan |= static_cast<int32_t>(x[i] != x[i]);
+    if (x[i] > m) {
+      m = x[i];
+      arg = i;
+    }
+  }
+  if (any_nan) {  // numpy's rule: the first NaN wins
+    for (int64_t k = 0; k < n; ++k)
+      if (x[k] != x[k]) return k;
+  }
+  return arg < 0 ? 0 : arg;  // every element -inf: the first
 }
 
 TD_CLONES float scale_mask_max(const float* x, const float* mask, float scale, float* o, int64_t n) {
@@ -180,15 +220,16 @@ TD_CLONES void norm_affine(const float* x, const float* g, const float* b, float
   }
 }
 
-TD_CLONES void axpy(float a, const float* x, float* y, int64_t n) {
+TD_CLONES_STREAM void axpy(float a, const float* x, float* y, int64_t n) {
   for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
 }
 
-TD_CLONES void bf16_to_f32(const uint16_t* s, float* d, int64_t n) {
+TD_CLONES_STREAM void bf16_to_f32(const uint16_t* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = simd::as_float(static_cast<uint32_t>(s[i]) << 16);
 }
 
-TD_CLONES void f32_to_bf16(const float* s, uint16_t* d, int64_t n) {
+namespace {
+TD_CLONES void f32_to_bf16_generic(const float* s, uint16_t* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const uint32_t x = simd::as_bits(s[i]);
     const uint32_t rounded = (x + 0x7fffu + ((x >> 16) & 1u)) >> 16;  // nearest even
@@ -197,7 +238,6 @@ TD_CLONES void f32_to_bf16(const float* s, uint16_t* d, int64_t n) {
   }
 }
 
-namespace {
 // F16C converts eight halves per instruction; the compiler does not
 // vectorise _Float16 conversions on its own, so these use intrinsics.
 __attribute__((target("avx2,f16c"))) void f16_to_f32_f16c(const uint16_t* s, float* d, int64_t n) {
@@ -214,7 +254,27 @@ __attribute__((target("avx2,f16c"))) void f32_to_f16_f16c(const float* s, uint16
   for (; i < n; ++i) d[i] = float_to_half(s[i]);
 }
 bool has_f16c() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("f16c"); }
+
+// AVX512-BF16 rounds 16 floats to bfloat16 (nearest even, NaN kept) in one
+// instruction; unlike the generic path it flushes float32 subnormals (below
+// 1.2e-38) to zero.
+__attribute__((target("avx512f,avx512bf16"))) void f32_to_bf16_avx512bf16(const float* s, uint16_t* d, int64_t n) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m256bh h = _mm512_cvtneps_pbh(_mm512_loadu_ps(s + i));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(d + i), __builtin_bit_cast(__m256i, h));
+  }
+  f32_to_bf16_generic(s + i, d + i, n - i);
+}
 }  // namespace
+
+void f32_to_bf16(const float* s, uint16_t* d, int64_t n) {
+  if (__builtin_cpu_supports("avx512bf16")) {
+    f32_to_bf16_avx512bf16(s, d, n);
+    return;
+  }
+  f32_to_bf16_generic(s, d, n);
+}
 
 void f16_to_f32(const uint16_t* s, float* d, int64_t n) {
   if (has_f16c()) {

@@ -1,5 +1,6 @@
 """Drives built-in kernels on host memory: Kernel.bind() validates the call,
-engine._native.call_kernel runs the C++ kernel, numpy/torch give references.
+engine._native.call_kernel runs the C++ kernel (engine.kernels.host.call),
+numpy/torch give references.
 
 bfloat16 data is held as uint16 bit patterns (engine.dtypes' host storage).
 """
@@ -11,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from engine import _native
-from engine.dtypes import DType, as_dtype, bfloat16, float16, float32
-from engine.kernels import Call, Kernel
+from engine.dtypes import DType, bfloat16, float16, float32
+from engine.kernels import Call, Kernel, host
+from engine.kernels.host import HostArray
 
 FLOAT_DTYPES = [float32, float16, bfloat16]
 
@@ -21,39 +22,10 @@ FLOAT_DTYPES = [float32, float16, bfloat16]
 EPS = {float32: 2.0**-24, float16: 2.0**-11, bfloat16: 2.0**-8}
 
 
-class HostTensor:
-    """A numpy array (any strides) as an engine TensorLike."""
+class HostTensor(HostArray):
+    """engine.kernels.host.HostArray plus its values as float64, for references."""
 
-    def __init__(self, array: np.ndarray, dtype: DType | None = None) -> None:
-        self.array = array
-        self._dtype = dtype if dtype is not None else as_dtype(array.dtype)
-        if array.dtype != self._dtype.numpy:
-            raise TypeError(f"{self._dtype} is stored as {self._dtype.numpy}, not {array.dtype}")
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        return tuple(self.array.shape)
-
-    @property
-    def dtype(self) -> DType:
-        return self._dtype
-
-    @property
-    def strides(self) -> tuple[int, ...]:
-        return tuple(s // self.array.itemsize for s in self.array.strides)
-
-    def overlaps(self, other: Any) -> bool:
-        return isinstance(other, HostTensor) and bool(np.shares_memory(self.array, other.array))
-
-    def same_view(self, other: Any) -> bool:
-        a, b = self.array, getattr(other, "array", None)
-        return (
-            isinstance(b, np.ndarray)
-            and a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and a.shape == b.shape
-            and a.strides == b.strides
-            and self.dtype == other.dtype
-        )
+    __slots__ = ()
 
     def f64(self) -> np.ndarray:
         return to_f64(self.array, self.dtype)
@@ -65,12 +37,7 @@ def wrap(x: Any) -> Any:
 
 def run(kernel: Kernel, *inputs: Any, out: Any = None, **kw: Any) -> Call:
     """Binds the call through the kernel's signature, then runs the native kernel on this thread."""
-    kw = {k: wrap(v) for k, v in kw.items()}
-    call = kernel.bind(tuple(wrap(x) for x in inputs), wrap(out), kw)
-    _native.call_kernel(
-        kernel.name, [(t.array, t.dtype.code, a) for t, a in zip(call.tensors, call.access)], call.scalars
-    )
-    return call
+    return host.call(kernel, *(wrap(x) for x in inputs), out=wrap(out), **{k: wrap(v) for k, v in kw.items()})
 
 
 # -- dtype conversion ---------------------------------------------------------------------------------

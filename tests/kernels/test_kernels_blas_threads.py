@@ -26,6 +26,9 @@ PROBE = textwrap.dedent(
     out = np.empty((n, n), np.float32)
     args = [(a, 0, 1), (a, 0, 1), (out, 0, 2)]
     _native.call_kernel("matmul", args, [0, 1.0, 0.0])  # warm up (OpenBLAS buffers)
+    # Freshly loaded OpenBLAS pools (ours and numpy's) spin for a while before
+    # they park; that start-up spin is not work of ours, so let it pass.
+    time.sleep(1.0)
     # Scheduler-accounted CPU clocks (not tick sampling): the whole process vs this thread.
     p0, t0 = time.process_time(), time.thread_time()
     for _ in range(8):
