@@ -226,3 +226,31 @@ def test_toy_vocab_is_deterministic_and_detokenises_incrementally():
     deltas = [detok.push(i) for i in ids]
     assert "".join(deltas) == detok.text == vocab.decode(ids)
     assert not detok.text.startswith(" ")
+
+
+# -- the benchmark ------------------------------------------------------------------------------------
+def test_decode_benchmark_runs_and_reports_its_figures(tmp_path):
+    """A tiny run of benchmarks/decode.py: the figures exist and are finite; no speed is asserted."""
+    import json
+    import math
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode.py"
+    out = tmp_path / "decode.json"
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--tokens", "6", "--reps", "1", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
+    assert "OK: depth 1 and depth 2 streamed the same tokens" in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "decode"
+    figures = data["figures"]
+    assert [d["depth"] for d in figures["depths"]] == [1, 2]
+    for d in figures["depths"]:
+        assert d["steps"] == 6
+        for key in ("t_host_ms", "t_device_ms", "orchestration_ms_p50", "host_step_us_p50"):
+            assert math.isfinite(d[key]) and d[key] > 0, key
+        assert d["tokens_per_s"]["median"] > 0
+    for key in ("speedup_depth2_over_depth1", "overlap_figure", "bound_tokens_per_s"):
+        assert math.isfinite(figures[key]) and figures[key] > 0, key
