@@ -225,20 +225,24 @@ class MiniLMEncoder:
             mask[i, :len(t)] = 1.0
         return ids, mask
 
-    def _batches(self, token_lists: list[np.ndarray]) -> list[list[int]]:
+    def _batches(self, token_lists: list[np.ndarray], batch_size: int | None) -> list[list[int]]:
+        size = self.max_batch if batch_size is None else batch_size
+        if not 1 <= size <= self.max_batch:
+            raise ValueError(f"batch_size must be in [1, {self.max_batch}] (max_batch), got {batch_size}")
         # Longest first, as sentence-transformers does: similar lengths share a batch, so little padding.
         order = sorted(range(len(token_lists)), key=lambda i: -len(token_lists[i]))
-        return [order[i:i + self.max_batch] for i in range(0, len(order), self.max_batch)]
+        return [order[i:i + size] for i in range(0, len(order), size)]
 
     # -- synchronous -----------------------------------------------------------------------
-    def encode(self, texts: Sequence[str]) -> np.ndarray:
-        """Embeddings [len(texts), dim] in input order; batches of max_batch run pipelined."""
+    def encode(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
+        """Embeddings [len(texts), dim] in input order; runs of batch_size (default max_batch) texts
+        go out pipelined, `depth` of them in flight."""
         if self._art is not None:
             raise RuntimeError("encode() while open_async() drives the runtime: use await aencode()")
         toks = self.tokenize(texts)
         out = np.empty((len(toks), self.dim), np.float32)
         handles = []
-        for idx in self._batches(toks):
+        for idx in self._batches(toks, batch_size):
             ids, mask = self.pad([toks[i] for i in idx])
             handles.append((idx, self.runtime.submit(ids, mask, self.params)))  # blocks only at `depth` in flight
         for idx, h in handles:
@@ -272,13 +276,13 @@ class MiniLMEncoder:
         ids, mask = self.pad(token_lists)
         return await self._async_runtime().dispatch(ids, mask, self.params)
 
-    async def aencode(self, texts: Sequence[str]) -> np.ndarray:
+    async def aencode(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """encode() from async code: every batch is dispatched before the first is awaited."""
         art = self._async_runtime()
         toks = self.tokenize(texts)
         out = np.empty((len(toks), self.dim), np.float32)
         futures = []
-        for idx in self._batches(toks):
+        for idx in self._batches(toks, batch_size):
             ids, mask = self.pad([toks[i] for i in idx])
             futures.append((idx, await art.dispatch(ids, mask, self.params)))
         for idx, fut in futures:
