@@ -111,20 +111,16 @@ def test_resident_state_after_generation_matches_torch(decoder, reference):
     np.testing.assert_allclose(kv, reference.keys_values(seq[:-1]), rtol=0, atol=1e-5)
 
 
-def test_prompts_longer_than_one_step_prefill_in_one_run(decoder, reference):
-    """A prompt of the whole cache but one position: one prefill run, then one decode step."""
-    prompt = prompt_of(T - 2, 7)
-    assert decoder.generate(prompt, 2) == reference.generate(prompt, 2)
-
-
 # -- running out of cache ----------------------------------------------------------------------
-def test_running_out_of_cache_raises_before_anything_runs(decoder):
-    prompt = prompt_of(10, 8)
+def test_running_out_of_cache_raises_before_anything_runs(decoder, reference):
+    """A prompt of all but two positions: one prefill run and one decode step fill the cache; one more
+    token is refused before any step is dispatched."""
+    prompt = prompt_of(T - 2, 8)
     before = decoder.tokens.to_numpy()
-    with pytest.raises(ValueError, match=r"out of KV cache.*10 tokens plus 119 new.*max_len=128.*at most 118"):
-        decoder.generate(prompt, T - 10 + 1)
+    with pytest.raises(ValueError, match=r"out of KV cache.*126 tokens plus 3 new.*max_len=128.*at most 2 new"):
+        decoder.generate(prompt, 3)
     np.testing.assert_array_equal(decoder.tokens.to_numpy(), before)  # nothing was dispatched
-    assert len(decoder.generate(prompt, T - 10)) == T - 10  # exactly the cache size is fine
+    assert decoder.generate(prompt, 2) == reference.generate(prompt, 2)
 
 
 @pytest.mark.anyio
@@ -154,8 +150,8 @@ async def test_astream_yields_each_token_while_later_steps_are_already_dispatche
 
 @pytest.mark.anyio
 async def test_leaving_the_stream_early_cancels_the_rest_and_the_decoder_stays_usable(weights, reference):
-    prompt = prompt_of(6, 10)
-    async with Decoder(CFG, weights, depth=3) as dec:
+    prompt, depth = prompt_of(6, 10), 3
+    async with Decoder(CFG, weights, depth=depth) as dec:
         stream = dec.astream(prompt, 50)
         got = []
         async for token in stream:
@@ -164,8 +160,11 @@ async def test_leaving_the_stream_early_cancels_the_rest_and_the_decoder_stays_u
                 break
         await stream.aclose()
         assert got == reference.generate(prompt, 3)
+        assert dec.stats().dispatched == 3 + depth  # the steps in flight at the break; none after
         assert await dec.agenerate(prompt, 12) == reference.generate(prompt, 12)
-        assert dec.stats().dispatched < 3 + 3 + 1 + 12  # the abandoned steps were never all dispatched
+        stats = dec.stats()
+        assert stats.failed == 0 and stats.in_flight == 0
+        assert stats.completed + stats.cancelled == stats.dispatched == 3 + depth + 12
 
 
 @pytest.mark.anyio
@@ -254,3 +253,14 @@ def test_decode_benchmark_runs_and_reports_its_figures(tmp_path):
         assert d["tokens_per_s"]["median"] > 0
     for key in ("speedup_depth2_over_depth1", "overlap_figure", "bound_tokens_per_s"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
+
+
+def test_the_command_line_demo_streams_text_and_checks_torch(capsys):
+    from examples.decoder.__main__ import main
+
+    assert main(["--tokens", "5", "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "5 tokens in" in out and "OK: identical to the torch reference" in out
+    with pytest.raises(SystemExit):
+        main(["--tokens", str(T)])
+    assert "out of KV cache" in capsys.readouterr().err
