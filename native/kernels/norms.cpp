@@ -72,11 +72,14 @@ TANDEM_KERNEL(softmax) {
     const float* mr = mask != nullptr ? ops::view(elem_ptr(*mask, off[2]), mask->dtype, sm, n, buf[1]) : nullptr;
     const bool od = ops::direct(out.dtype, so, n);
     float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : buf[2];
-    const float m = ops::scale_mask_max(xr, mr, scale, orow, n);
+    // Plain softmax reads x twice (max, then exp and sum); scale or mask
+    // first materialise the shifted scores in the output row.
+    const bool plain = mr == nullptr && scale == 1.0f;
+    const float m = plain ? ops::max(xr, n) : ops::scale_mask_max(xr, mr, scale, orow, n);
     if (m == kNegInf) {
       for (int64_t i = 0; i < n; ++i) orow[i] = 0.0f;
     } else {
-      const double s = ops::exp_sub_sum(orow, m, orow, n);
+      const double s = ops::exp_sub_sum(plain ? xr : orow, m, orow, n);
       ops::mul_s(orow, static_cast<float>(1.0 / s), orow, n);
     }
     if (!od) ops::store(orow, elem_ptr(out, off[1]), out.dtype, so, n);

@@ -30,7 +30,7 @@ inline float reduce_lanes(float* acc) {
 // reassociating anything the compiler would refuse to; each block's total
 // goes into a double so long runs keep their precision.
 template <class F>
-inline __attribute__((always_inline)) double blocked_sum(const float* x, int64_t n, F f) {
+TD_INLINE double blocked_sum(const float* x, int64_t n, F f) {
   double total = 0.0;
   int64_t i = 0;
   while (i < n) {
@@ -46,49 +46,54 @@ inline __attribute__((always_inline)) double blocked_sum(const float* x, int64_t
 }
 
 struct Identity {
-  float operator()(float v) const { return v; }
+  TD_INLINE float operator()(float v) const { return v; }
 };
 struct Square {
-  float operator()(float v) const { return v * v; }
+  TD_INLINE float operator()(float v) const { return v * v; }
 };
 struct SquareDev {
   float c;
-  float operator()(float v) const { return (v - c) * (v - c); }
+  TD_INLINE float operator()(float v) const { return (v - c) * (v - c); }
 };
 
-}  // namespace
+// Functors for simd::map / simd::zip, force-inlined into each ISA variant.
+struct Add {
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a + b; }
+};
+struct Sub {
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a - b; }
+};
+struct Mul {
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a * b; }
+};
+struct Div {
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a / b; }
+};
+struct AddS {
+  simd::vfloat s;
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a) const { return a + s; }
+};
+struct SubS {
+  simd::vfloat s;
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a) const { return a - s; }
+};
+struct MulS {
+  simd::vfloat s;
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a) const { return a * s; }
+};
+struct DivS {
+  simd::vfloat s;
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a) const { return a / s; }
+};
+struct Relu {  // selecting on x < 0 lets NaN through, as torch does
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& a) const { return a < simd::splat(0.0f) ? simd::splat(0.0f) : a; }
+};
+struct Axpy {  // y + alpha * x, with (x, y) as (a, b)
+  simd::vfloat alpha;
+  TD_INLINE simd::vfloat operator()(const simd::vfloat& x, const simd::vfloat& y) const { return y + alpha * x; }
+};
 
-TD_CLONES_STREAM void add(const float* a, const float* b, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + b[i];
-}
-TD_CLONES_STREAM void sub(const float* a, const float* b, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] - b[i];
-}
-TD_CLONES_STREAM void mul(const float* a, const float* b, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] * b[i];
-}
-TD_CLONES_STREAM void div(const float* a, const float* b, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] / b[i];
-}
-TD_CLONES_STREAM void add_s(const float* a, float s, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] + s;
-}
-TD_CLONES_STREAM void sub_s(const float* a, float s, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] - s;
-}
-TD_CLONES_STREAM void mul_s(const float* a, float s, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] * s;
-}
-TD_CLONES_STREAM void div_s(const float* a, float s, float* o, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) o[i] = a[i] / s;
-}
-
-TD_CLONES_STREAM void relu(const float* x, float* o, int64_t n) {
-  // Selecting on x < 0 lets NaN through, as torch does.
-  for (int64_t i = 0; i < n; ++i) o[i] = x[i] < 0.0f ? 0.0f : x[i];
-}
-namespace {
-// Per-element functors for simd::map; force-inlined into each ISA variant.
+// Unary math functors.
 #define TD_VEC_FUNCTOR(Name, expr)                                              \
   struct Name {                                                                 \
     TD_INLINE simd::vfloat operator()(const simd::vfloat& v) const { return expr; } \
@@ -104,6 +109,16 @@ struct ExpShift {
   TD_INLINE simd::vfloat operator()(const simd::vfloat& v) const { return simd::exp(v - c); }
 };
 }  // namespace
+
+TD_CLONES void add(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Add{}); }
+TD_CLONES void sub(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Sub{}); }
+TD_CLONES void mul(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Mul{}); }
+TD_CLONES void div(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Div{}); }
+TD_CLONES void add_s(const float* a, float s, float* o, int64_t n) { simd::map(a, o, n, AddS{simd::splat(s)}); }
+TD_CLONES void sub_s(const float* a, float s, float* o, int64_t n) { simd::map(a, o, n, SubS{simd::splat(s)}); }
+TD_CLONES void mul_s(const float* a, float s, float* o, int64_t n) { simd::map(a, o, n, MulS{simd::splat(s)}); }
+TD_CLONES void div_s(const float* a, float s, float* o, int64_t n) { simd::map(a, o, n, DivS{simd::splat(s)}); }
+TD_CLONES void relu(const float* x, float* o, int64_t n) { simd::map(x, o, n, Relu{}); }
 
 TD_CLONES void gelu(const float* x, float* o, int64_t n) { simd::map(x, o, n, Gelu{}); }
 TD_CLONES void gelu_tanh(const float* x, float* o, int64_t n) { simd::map(x, o, n, GeluTanh{}); }
@@ -153,28 +168,26 @@ TD_CLONES int64_t argmax(const float* x, int64_t n) {
   }
   // One pass: each lane keeps its maximum and where it first saw it (strict >
   // keeps the first occurrence), plus whether it met a NaN.
-  float best[kLanes];
-  int32_t where[kLanes], nan[kLanes];
-  for (int j = 0; j < kLanes; ++j) {
-    best[j] = -std::numeric_limits<float>::infinity();
-    where[j] = j;
-    nan[j] = 0;
-  }
+  using simd::vfloat;
+  using simd::vint;
+  vfloat best = simd::splat(-std::numeric_limits<float>::infinity());
+  vint at = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  vint where = at;
+  vint nan = {};
   int32_t i = 0;
   const int32_t n32 = static_cast<int32_t>(n);
-  for (; i + kLanes <= n32; i += kLanes) {
-    for (int j = 0; j < kLanes; ++j) {
-      const float v = x[i + j];
-      const bool better = v > best[j];
-      best[j] = better ? v : best[j];
-      where[j] = better ? i + j : where[j];
-      nan[j] |= static_cast<int32_t>(v != v);
-    }
+  for (; i + simd::kWidth <= n32; i += simd::kWidth) {
+    const vfloat v = simd::load(x + i);
+    const vint better = v > best;
+    best = better ? v : best;
+    where = better ? at : where;
+    nan |= v != v;
+    at += simd::kWidth;
   }
   int64_t arg = -1;
   float m = -std::numeric_limits<float>::infinity();
   int32_t any_nan = 0;
-  for (int j = 0; j < kLanes; ++j) {
+  for (int j = 0; j < simd::kWidth; ++j) {
     any_nan |= nan[j];
     if (best[j] > m || (best[j] == m && where[j] < arg)) {
       m = best[j];
@@ -205,8 +218,33 @@ TD_CLONES float scale_mask_max(const float* x, const float* mask, float scale, f
 }
 
 TD_CLONES double exp_sub_sum(const float* x, float c, float* o, int64_t n) {
-  simd::map(x, o, n, ExpShift{simd::splat(c)});
-  return sum(o, n);
+  // exp and sum in one pass: 2 x 16 float lanes per block of 512 elements,
+  // each block's total added in double.
+  const simd::vfloat cv = simd::splat(c);
+  const ExpShift f{cv};
+  double total = 0.0;
+  int64_t i = 0;
+  while (i + 2 * simd::kWidth <= n) {
+    const int64_t end = n - i > 512 ? i + 512 : n;
+    simd::vfloat acc0 = {}, acc1 = {};
+    for (; i + 2 * simd::kWidth <= end; i += 2 * simd::kWidth) {
+      const simd::vfloat a = f(simd::load(x + i));
+      const simd::vfloat b = f(simd::load(x + i + simd::kWidth));
+      simd::store(o + i, a);
+      simd::store(o + i + simd::kWidth, b);
+      acc0 += a;
+      acc1 += b;
+    }
+    acc0 += acc1;
+    float lanes[simd::kWidth];
+    simd::store(lanes, acc0);
+    for (int j = 0; j < simd::kWidth; ++j) total += lanes[j];
+  }
+  if (i < n) {  // the rest through the padded map; its tail is summed directly
+    simd::map(x + i, o + i, n - i, f);
+    for (; i < n; ++i) total += o[i];
+  }
+  return total;
 }
 
 TD_CLONES void norm_affine(const float* x, const float* g, const float* b, float mean, float rstd, float* o,
@@ -220,11 +258,9 @@ TD_CLONES void norm_affine(const float* x, const float* g, const float* b, float
   }
 }
 
-TD_CLONES_STREAM void axpy(float a, const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) y[i] += a * x[i];
-}
+TD_CLONES void axpy(float a, const float* x, float* y, int64_t n) { simd::zip(x, y, y, n, Axpy{simd::splat(a)}); }
 
-TD_CLONES_STREAM void bf16_to_f32(const uint16_t* s, float* d, int64_t n) {
+TD_CLONES void bf16_to_f32(const uint16_t* s, float* d, int64_t n) {
   for (int64_t i = 0; i < n; ++i) d[i] = simd::as_float(static_cast<uint32_t>(s[i]) << 16);
 }
 

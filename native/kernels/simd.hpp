@@ -15,10 +15,7 @@
 
 // AVX-512 / AVX2+FMA / baseline variants, picked by the CPU at load time.
 #define TD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
-// For loops bound by memory traffic (one arithmetic op per element): 256-bit
-// accesses stream unaligned numpy buffers a few percent faster than 512-bit
-// ones on the Zen 4 this was tuned on, and compute has nothing to gain.
-#define TD_CLONES_STREAM __attribute__((target_clones("arch=x86-64-v3", "default")))
+
 #define TD_INLINE inline __attribute__((always_inline))
 
 // Vector values never cross a call boundary here (everything is inlined and
@@ -153,13 +150,40 @@ TD_INLINE vfloat gelu_erf(const vfloat& x) {
   return h + h * erf(x * 0.70710678118654752f);
 }
 
-// o[i] = f(x[i]) over a run, 16 lanes at a time; the tail goes through a
-// zero-padded block. o may be x itself.
+// f over a partial block of len < kWidth elements, zero-padded.
+template <class F>
+TD_INLINE void map_part(const float* x, float* o, int64_t len, const F& f) {
+  float block[kWidth] = {};
+  const size_t bytes = static_cast<size_t>(len) * sizeof(float);
+  std::memcpy(block, x, bytes);
+  store(block, f(load(block)));
+  std::memcpy(o, block, bytes);
+}
+template <class F>
+TD_INLINE void zip_part(const float* a, const float* b, float* o, int64_t len, const F& f) {
+  float ba[kWidth] = {}, bb[kWidth] = {};
+  const size_t bytes = static_cast<size_t>(len) * sizeof(float);
+  std::memcpy(ba, a, bytes);
+  std::memcpy(bb, b, bytes);
+  store(ba, f(load(ba), load(bb)));
+  std::memcpy(o, ba, bytes);
+}
+
+// Elements before `o` reaches a 64-byte boundary: aligned stores never
+// straddle two cache lines, which is most of what a streaming loop costs.
+TD_INLINE int64_t align_head(const float* o, int64_t n) {
+  const auto misalign = static_cast<int64_t>(reinterpret_cast<uintptr_t>(o) & 63u);
+  const int64_t head = misalign % 4 == 0 ? ((64 - misalign) & 63) / 4 : 0;
+  return head < n ? head : n;
+}
+
+// o[i] = f(x[i]) over a run, 16 lanes at a time. o may be x itself.
 template <class F>
 TD_INLINE void map(const float* x, float* o, int64_t n, const F& f) {
-  int64_t i = 0;
-  // Two independent vectors per step: the functions are long dependency
-  // chains, and interleaving two of them keeps the FP pipes busy.
+  int64_t i = align_head(o, n);
+  if (i > 0) map_part(x, o, i, f);
+  // Two independent vectors per step: the math functions are long
+  // dependency chains, and interleaving two keeps the FP pipes busy.
   for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
     const vfloat a = f(load(x + i));
     const vfloat b = f(load(x + i + kWidth));
@@ -167,13 +191,22 @@ TD_INLINE void map(const float* x, float* o, int64_t n, const F& f) {
     store(o + i + kWidth, b);
   }
   for (; i + kWidth <= n; i += kWidth) store(o + i, f(load(x + i)));
-  if (i < n) {
-    float block[kWidth] = {};
-    const size_t bytes = static_cast<size_t>(n - i) * sizeof(float);
-    std::memcpy(block, x + i, bytes);
-    store(block, f(load(block)));
-    std::memcpy(o + i, block, bytes);
+  if (i < n) map_part(x + i, o + i, n - i, f);
+}
+
+// o[i] = f(a[i], b[i]) over a run. o may be a or b.
+template <class F>
+TD_INLINE void zip(const float* a, const float* b, float* o, int64_t n, const F& f) {
+  int64_t i = align_head(o, n);
+  if (i > 0) zip_part(a, b, o, i, f);
+  for (; i + 2 * kWidth <= n; i += 2 * kWidth) {
+    const vfloat r0 = f(load(a + i), load(b + i));
+    const vfloat r1 = f(load(a + i + kWidth), load(b + i + kWidth));
+    store(o + i, r0);
+    store(o + i + kWidth, r1);
   }
+  for (; i + kWidth <= n; i += kWidth) store(o + i, f(load(a + i), load(b + i)));
+  if (i < n) zip_part(a + i, b + i, o + i, n - i, f);
 }
 
 }  // namespace tandem::kernels::simd
