@@ -33,11 +33,15 @@ from examples.minilm.weights import (BertConfig, Layout, default_model_dir, load
 if TYPE_CHECKING:
     from scheduler import AsyncRuntime, RunFuture
 
-__all__ = ["MiniLMEncoder", "build_program", "row_chunks"]
+__all__ = ["MIN_CHUNK_ROWS", "MiniLMEncoder", "build_program", "column_ranges", "row_chunks"]
 
 # Padding keys get this subtracted from their scores: exp() of it is exactly 0,
 # while 0 - 0 stays exactly 0 for real tokens (unlike adding a large number to them).
 _MASK_PENALTY = 1e9
+
+# Token rows per worker below which matmuls are split by output columns rather than rows.
+MIN_CHUNK_ROWS = 128
+_LINE = 16  # float32 columns per 64-byte line
 
 Piece = tuple[int, int, int, int]  # batch rows [b0, b1), query positions [s0, s1)
 
@@ -89,8 +93,19 @@ class _WeightViews:
         return views
 
 
-def build_program(cfg: BertConfig, layout: Layout) -> engine.Program:
-    """The encoder program for one model shape: (ids, mask, params) -> embeddings."""
+def column_ranges(n: int, parts: int) -> list[tuple[int, int]]:
+    """[0, n) in `parts` near-equal ranges whose bounds fall on 16-column (64-byte) lines."""
+    lines = -(-n // _LINE)
+    parts = max(1, min(parts, lines))
+    bounds = [min(n, _LINE * (lines * i // parts)) for i in range(parts + 1)]
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_CHUNK_ROWS) -> engine.Program:
+    """The encoder program for one model shape: (ids, mask, params) -> embeddings.
+
+    min_chunk_rows: below this many token rows per worker, matmuls split by columns.
+    """
     hidden, heads, dh = cfg.hidden, cfg.heads, cfg.head_dim
     views = _WeightViews(layout)
     eps = cfg.eps
@@ -128,11 +143,30 @@ def build_program(cfg: BertConfig, layout: Layout) -> engine.Program:
                 run.submit(K.add, xp, w["pos_type"][s0:s1], out=xp)
             run.submit(K.layernorm, x[r0:r1], w["emb_ln_g"], w["emb_ln_b"], out=x[r0:r1], eps=eps)
 
+        # Few rows per chunk: splitting the rows would make every worker stream whole weight
+        # matrices for little work, so each matmul is split by output columns instead.
+        by_columns = len(chunks) > 1 and tokens < min_chunk_rows * len(chunks)
+
+        def dense(a: engine.DeviceTensor, wname: str, dst: engine.DeviceTensor, beta: float = 0.0) -> None:
+            """dst (+)= a @ w, cut into one task per worker (by rows or by columns)."""
+            wt = w[wname]
+            if by_columns:
+                for c0, c1 in column_ranges(wt.shape[1], len(chunks)):
+                    run.submit(K.matmul, a, wt[:, c0:c1], out=dst[:, c0:c1], beta=beta)
+            else:
+                for r0, r1, _ in chunks:
+                    run.submit(K.matmul, a[r0:r1], wt, out=dst[r0:r1], beta=beta)
+
+        def rows(kernel: engine.kernels.Kernel, t: engine.DeviceTensor, *more: engine.DeviceTensor,
+                 **scalars: float) -> None:
+            """t = kernel(t, *more) in place, one task per row chunk."""
+            for r0, r1, _ in chunks:
+                run.submit(kernel, t[r0:r1], *more, out=t[r0:r1], **scalars)
+
         for layer in range(cfg.layers):
             p = f"{layer}."
-            for r0, r1, _ in chunks:
-                run.submit(K.matmul, x[r0:r1], w[p + "qkv_w"], out=qkv[r0:r1])
-                run.submit(K.add, qkv[r0:r1], w[p + "qkv_b"], out=qkv[r0:r1])
+            dense(x, p + "qkv_w", qkv)
+            rows(K.add, qkv, w[p + "qkv_b"])
             for _, _, pieces in chunks:
                 for b0, b1, s0, s1 in pieces:
                     for h in range(heads):
@@ -141,19 +175,17 @@ def build_program(cfg: BertConfig, layout: Layout) -> engine.Program:
                                    qkv3[b0:b1, :, hidden + c:hidden + c + dh],
                                    qkv3[b0:b1, :, 2 * hidden + c:2 * hidden + c + dh],
                                    mask=bias[b0:b1], out=ctx3[b0:b1, s0:s1, c:c + dh])
-            for r0, r1, _ in chunks:
-                xc, fc = x[r0:r1], ff[r0:r1]
-                # x = layernorm(x + ctx @ Wo + bo): the residual is matmul's beta=1 accumulator.
-                run.submit(K.matmul, ctx[r0:r1], w[p + "o_w"], out=xc, beta=1.0)
-                run.submit(K.add, xc, w[p + "o_b"], out=xc)
-                run.submit(K.layernorm, xc, w[p + "ln1_g"], w[p + "ln1_b"], out=xc, eps=eps)
-                # x = layernorm(x + gelu(x @ W1 + b1) @ W2 + b2)
-                run.submit(K.matmul, xc, w[p + "ff1_w"], out=fc)
-                run.submit(K.add, fc, w[p + "ff1_b"], out=fc)
-                run.submit(K.gelu, fc, out=fc)
-                run.submit(K.matmul, fc, w[p + "ff2_w"], out=xc, beta=1.0)
-                run.submit(K.add, xc, w[p + "ff2_b"], out=xc)
-                run.submit(K.layernorm, xc, w[p + "ln2_g"], w[p + "ln2_b"], out=xc, eps=eps)
+            # x = layernorm(x + ctx @ Wo + bo): the residual is matmul's beta=1 accumulator.
+            dense(ctx, p + "o_w", x, beta=1.0)
+            rows(K.add, x, w[p + "o_b"])
+            rows(K.layernorm, x, w[p + "ln1_g"], w[p + "ln1_b"], eps=eps)
+            # x = layernorm(x + gelu(x @ W1 + b1) @ W2 + b2)
+            dense(x, p + "ff1_w", ff)
+            rows(K.add, ff, w[p + "ff1_b"])
+            rows(K.gelu, ff)
+            dense(ff, p + "ff2_w", x, beta=1.0)
+            rows(K.add, x, w[p + "ff2_b"])
+            rows(K.layernorm, x, w[p + "ln2_g"], w[p + "ln2_b"], eps=eps)
 
         # Masked mean over real tokens, then unit length (sentence-transformers' Pooling + Normalize).
         run.submit(K.mean_pool, x3, mask, out=out)

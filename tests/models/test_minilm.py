@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="needs the models extra: pip install '.[models]'")
 
-from examples.minilm.model import row_chunks  # noqa: E402
+from examples.minilm.model import column_ranges, row_chunks  # noqa: E402
 from examples.minilm.weights import load_config, pack_weights  # noqa: E402
 
 from .conftest import cosine  # noqa: E402
@@ -79,6 +79,15 @@ def test_row_chunks_cover_every_token_row_once(batch, seq, parts):
         assert rows == list(range(r0, r1))
         for b0, b1, s0, s1 in pieces:  # several sequences go together only whole
             assert b1 == b0 + 1 or (s0, s1) == (0, seq)
+
+
+@pytest.mark.parametrize("n,parts", [(1152, 2), (384, 2), (1536, 3), (20, 4), (16, 2), (384, 1)])
+def test_column_ranges_tile_the_columns_on_64_byte_lines(n, parts):
+    ranges = column_ranges(n, parts)
+    assert ranges[0][0] == 0 and ranges[-1][1] == n and 1 <= len(ranges) <= parts
+    assert all(c0 < c1 and c0 % 16 == 0 for c0, c1 in ranges)
+    assert all(a[1] == b[0] for a, b in zip(ranges, ranges[1:]))
+    assert column_ranges(1152, 2) == [(0, 576), (576, 1152)]
 
 
 def test_matches_sentence_transformers_on_a_varied_set(minilm_encoder, st_minilm):
