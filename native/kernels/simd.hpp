@@ -29,6 +29,7 @@ namespace tandem::kernels::simd {
 constexpr int kWidth = 16;
 typedef float vfloat __attribute__((vector_size(64)));
 typedef int32_t vint __attribute__((vector_size(64)));
+typedef uint32_t vuint __attribute__((vector_size(64)));
 
 TD_INLINE float as_float(uint32_t b) {
   float f;
@@ -63,9 +64,14 @@ constexpr float kLn2Lo = 2.12194440e-4f;
 constexpr float kExpMin = -86.5f;       // below: 0 (the result would be under 2^-124)
 constexpr float kExpMax = 88.72283935546875f;  // above: inf
 
-// exp(x) = 2^n * exp(r) with r = x - n ln2 in [-ln2/2, ln2/2], where the
-// caller has reduced `t` = x * log2e + kRound (so t's bits carry n) and `r`.
-TD_INLINE vfloat exp_finish(const vfloat& t, const vfloat& r) {
+// exp(x) = 2^n exp(r): n = round(x log2e), r = x - n ln2 in [-ln2/2, ln2/2].
+TD_INLINE vfloat exp(const vfloat& x) {
+  const vint under = x < splat(kExpMin);
+  const vint over = x > splat(kExpMax);
+  const vfloat xc = at_most(at_least(x, kExpMin), kExpMax);
+  const vfloat t = xc * kLog2e + kRound;  // t's low mantissa bits hold n
+  const vfloat fn = t - kRound;
+  const vfloat r = (xc - fn * kLn2Hi) + fn * kLn2Lo;
   // Cephes expf polynomial, ~1 ulp on the reduced range.
   vfloat p = splat(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
@@ -74,19 +80,9 @@ TD_INLINE vfloat exp_finish(const vfloat& t, const vfloat& r) {
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
-  // 2^(n-1) from t's bits, times 2p: n reaches 128 at the top of the range.
-  const vfloat scale = from_bits((bits(t) + (126 - 0x4B400000)) << 23);
-  return (p + p) * scale;
-}
-
-TD_INLINE vfloat exp(const vfloat& x) {
-  const vint under = x < splat(kExpMin);
-  const vint over = x > splat(kExpMax);
-  const vfloat xc = at_most(at_least(x, kExpMin), kExpMax);
-  const vfloat t = xc * kLog2e + kRound;
-  const vfloat fn = t - kRound;
-  const vfloat r = (xc - fn * kLn2Hi) + fn * kLn2Lo;
-  vfloat y = exp_finish(t, r);
+  // 2^(n-1) built from t's bits, times 2p: n reaches 128 at the top of the range.
+  const vuint biased = __builtin_bit_cast(vuint, bits(t) + (126 - 0x4B400000));
+  vfloat y = (p + p) * __builtin_bit_cast(vfloat, biased << 23);
   y = under ? splat(0.0f) : y;
   return over ? splat(__builtin_inff()) : y;
 }
