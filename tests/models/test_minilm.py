@@ -32,13 +32,17 @@ def words(n_tokens: int, shift: int = 0) -> str:
 
 
 def varied_batches() -> list[list[str]]:
-    """1 to 32 sentences per batch, 2 to 128 tokens (plus one past the 256-token truncation)."""
+    """1 to 32 sentences per batch, 2 to 128 tokens (plus one past the 256-token truncation).
+
+    Small batches run with matmuls split by columns, larger ones by row chunks (see model.py).
+    """
     long = [words(n, shift=n) for n in (3, 9, 17, 33, 64, 100, 127, 128)]
     batch32 = (SHORT + long + [words(n) for n in (5, 50, 90, 120)])[:32]
     return [
         ["Hello, world!"],
         [words(128)],
         ["", "🙂", words(40)],
+        [words(128, shift=5), SHORT[10], words(90)],  # two row chunks, the boundary inside sentence 1
         [SHORT[8], words(77), SHORT[11], words(128, shift=3), SHORT[0], SHORT[9], words(2), "x" * 200],
         batch32,
         [words(300), "short one"],  # truncated to 256 tokens, as sentence-transformers does
