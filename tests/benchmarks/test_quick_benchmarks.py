@@ -39,9 +39,41 @@ def test_native_tasks_quick(tmp_path):
         assert finite_positive(g["tasks_per_second"])
 
 
+def parallel_capacity() -> float:
+    """How many cores this process gets right now: two concurrent 20 ms native
+    spins against one (about 2.0 on an idle 2-core machine, about 1.0 when
+    other work holds a core)."""
+    import time
+
+    from engine import _native
+
+    device = _native.Device(0)
+    eng = _native.Engine(device, 2)
+    try:
+        def spins(n: int) -> float:
+            t0 = time.perf_counter()
+            runs = []
+            for _ in range(n):
+                run = eng.begin_run()
+                eng.submit(run, eng.kernel("spin"), [], [], [20_000_000])
+                eng.seal(run)
+                runs.append(run)
+            for run in runs:
+                run.wait()
+            return time.perf_counter() - t0
+
+        return min(2 * spins(1) / spins(2) for _ in range(3))
+    finally:
+        eng.close()
+
+
 @pytest.mark.parametrize("workers", [1])
 def test_overlap_quick_depth2_beats_depth1(tmp_path, workers):
+    if parallel_capacity() < 1.6:
+        pytest.skip("the machine is too loaded to give host and device a core each")
     figures = run_quick("overlap", tmp_path, "--workers", str(workers))
+    if parallel_capacity() < 1.6:  # load arrived while measuring: the figures say nothing about overlap
+        pytest.skip("the machine became too loaded to give host and device a core each")
     by_depth = {d["depth"]: d for d in figures["depths"]}
     assert set(by_depth) == {1, 2, 3}
     for d in by_depth.values():
