@@ -11,9 +11,10 @@ encode: sentences per second at batch 1, 8 and 32, every sentence 128 tokens, th
 service: the HTTP service (python -m examples.minilm) in a subprocess under a bounded
   closed-loop load from this process (--clients concurrent clients, --requests in all,
   a few sentences each): requests per second and p50/p99 latency, with the engine
-  pipelined (depth 2) and not (depth 1).
+  pipelined (depth 2) and not (depth 1). The service's pool has the engine's default
+  workers (cores - 1), which leaves the host a core: that is what pipelining overlaps.
 
-    python benchmarks/model.py [--quick] [--threads 2] [--no-service] [--json PATH]
+    python benchmarks/model.py [--quick] [--threads 2] [--service-workers N] [--no-service] [--json PATH]
 """
 
 from __future__ import annotations
@@ -85,20 +86,19 @@ def bench_encode(threads: int, reps: int, stream_batches: int) -> list[dict[str,
         assert {len(t) for t in enc.tokenize(texts)} == {SEQ_LEN}
         for b in BATCHES:
             one, many = texts[:b], texts[:b * stream_batches]
+            calls = {"engine_one": lambda: enc.encode(one), "torch_one": lambda: st.encode(one, batch_size=b)}
+            if stream_batches > 1:
+                calls["engine_stream"] = lambda: enc.encode(many, batch_size=b)
+                calls["torch_stream"] = lambda: st.encode(many, batch_size=b)
             with torch.inference_mode():
-                t = interleaved({
-                    "engine_one": lambda: enc.encode(one),
-                    "torch_one": lambda: st.encode(one, batch_size=b),
-                    "engine_stream": lambda: enc.encode(many, batch_size=b),
-                    "torch_stream": lambda: st.encode(many, batch_size=b),
-                }, reps)
-            rows.append({
-                "batch": b, "seq_len": SEQ_LEN, "stream_sentences": len(many),
-                "engine_one_sps": b / t["engine_one"], "torch_one_sps": b / t["torch_one"],
-                "one_ratio": t["torch_one"] / t["engine_one"],
-                "engine_stream_sps": len(many) / t["engine_stream"], "torch_stream_sps": len(many) / t["torch_stream"],
-                "stream_ratio": t["torch_stream"] / t["engine_stream"],
-            })
+                t = interleaved(calls, reps)
+            row = {"batch": b, "seq_len": SEQ_LEN, "engine_one_sps": b / t["engine_one"],
+                   "torch_one_sps": b / t["torch_one"], "one_ratio": t["torch_one"] / t["engine_one"]}
+            if stream_batches > 1:
+                row.update({"stream_sentences": len(many), "engine_stream_sps": len(many) / t["engine_stream"],
+                            "torch_stream_sps": len(many) / t["torch_stream"],
+                            "stream_ratio": t["torch_stream"] / t["engine_stream"]})
+            rows.append(row)
     return rows
 
 
@@ -108,12 +108,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _start_service(threads: int, depth: int) -> tuple[subprocess.Popen, str]:
+def _start_service(workers: int | None, depth: int) -> tuple[subprocess.Popen, str]:
     port = _free_port()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "examples.minilm", "--port", str(port), "--workers", str(threads), "--depth",
-         str(depth), "--window-ms", "2", "--max-seq-length", str(SEQ_LEN), "--log-level", "warning"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    cmd = [sys.executable, "-m", "examples.minilm", "--port", str(port), "--depth", str(depth), "--window-ms", "2",
+           "--max-seq-length", str(SEQ_LEN), "--log-level", "warning"]
+    if workers is not None:
+        cmd += ["--workers", str(workers)]
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     url = f"http://127.0.0.1:{port}"
     import httpx
 
@@ -170,12 +171,12 @@ async def _load(url: str, requests: int, clients: int, texts_per_request: int) -
     }
 
 
-def bench_service(threads: int, requests: int, clients: int, texts_per_request: int) -> list[dict[str, Any]]:
+def bench_service(workers: int | None, requests: int, clients: int, texts_per_request: int) -> list[dict[str, Any]]:
     import anyio
 
     rows = []
     for depth in (2, 1):
-        proc, url = _start_service(threads, depth)
+        proc, url = _start_service(workers, depth)
         try:
             figures = anyio.run(_load, url, requests, clients, texts_per_request)
         finally:
@@ -193,28 +194,35 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and requests (well under a minute)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="engine pool workers and torch threads (default: all cores)")
+    ap.add_argument("--service-workers", type=int, default=None,
+                    help="the service's engine pool workers (default: the engine's, cores - 1: a core for the host)")
     ap.add_argument("--no-service", action="store_true", help="skip the HTTP service load")
     ap.add_argument("--json", default=None, help="where to write the figures (default: benchmarks/results/)")
     args = ap.parse_args(argv)
 
-    reps, stream_batches = (2, 2) if args.quick else (7, 4)
+    reps, stream_batches = (2, 1) if args.quick else (7, 4)  # quick: no stream figures
     requests, clients, per_request = (24, 4, 2) if args.quick else (200, 8, 4)
     figures: dict[str, Any] = {"threads": args.threads, "seq_len": SEQ_LEN, "reps": reps}
     figures["encode"] = bench_encode(args.threads, reps, stream_batches)
     print(f"all-MiniLM-L6-v2, {SEQ_LEN} tokens per sentence, {args.threads} threads each "
           "(engine pool workers / torch.set_num_threads), sentences per second (median)")
-    print_table(
-        ["batch", "engine", "torch", "engine/torch", f"engine stream", "torch stream", "engine/torch"],
-        [[r["batch"], r["engine_one_sps"], r["torch_one_sps"], r["one_ratio"], r["engine_stream_sps"],
-          r["torch_stream_sps"], r["stream_ratio"]] for r in figures["encode"]])
-    print(f"(stream: {stream_batches} batches per encode() call)")
+    headers = ["batch", "engine", "torch", "engine/torch"]
+    if stream_batches > 1:
+        headers += ["engine stream", "torch stream", "engine/torch"]
+    print_table(headers, [[r["batch"], r["engine_one_sps"], r["torch_one_sps"], r["one_ratio"]]
+                          + ([r["engine_stream_sps"], r["torch_stream_sps"], r["stream_ratio"]]
+                             if stream_batches > 1 else []) for r in figures["encode"]])
+    if stream_batches > 1:
+        print(f"(stream: {stream_batches} batches per encode() call)")
     if not args.no_service:
-        figures["service"] = bench_service(args.threads, requests, clients, per_request)
+        figures["service_workers"] = args.service_workers or max(1, (os.cpu_count() or 1) - 1)
+        figures["service"] = bench_service(args.service_workers, requests, clients, per_request)
         by_depth = {r["depth"]: r for r in figures["service"]}
         figures["service_depth2_over_depth1"] = by_depth[2]["requests_per_s"] / by_depth[1]["requests_per_s"]
         print()
-        print(f"service: {requests} requests of {per_request} sentences from {clients} concurrent clients "
-              "(closed loop, same machine)")
+        chars = f"{80}-{80 + 40 * (per_request - 1)} characters"
+        print(f"service: {requests} requests of {per_request} sentences ({chars}) from {clients} concurrent clients "
+              f"(closed loop, same machine), {figures['service_workers']} engine workers")
         print_table(["depth", "requests/s", "sentences/s", "p50 ms", "p99 ms", "sentences per run"],
                     [[r["depth"], r["requests_per_s"], r["texts_per_s"], r["p50_ms"], r["p99_ms"],
                       r["texts_per_run"]] for r in figures["service"]])
