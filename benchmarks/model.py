@@ -45,7 +45,8 @@ _WORDS = ("time year people way day man thing woman life child world school stat
           "home water room mother area money story fact month lot right study book eye job word business issue "
           "side kind head house service friend father power hour game line end member law car city community name "
           "president team minute idea kid body information back parent face others level office door health person "
-          "art war history party result change morning reason research girl guy moment air teacher force education").split()
+          "art war history party result change morning reason research girl guy moment air teacher force "
+          "education").split()
 
 
 def sentences(n: int, tokens: int, seed: int = 0) -> list[str]:
