@@ -118,7 +118,7 @@ class Decoder:
 
     # -- generation -------------------------------------------------------------------------
     def generate(self, prompt_ids: Sequence[int], max_new_tokens: int) -> list[int]:
-        """The `max_new_tokens` greedy continuations of `prompt_ids` (blocking)."""
+        """The next `max_new_tokens` greedy tokens after `prompt_ids` (blocking; steps still pipelined)."""
         if self._art is not None:
             raise RuntimeError("inside `async with`, use astream() or agenerate(): a blocking generate() "
                                "would stall the event loop that drives the runtime")
