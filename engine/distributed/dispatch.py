@@ -1,0 +1,296 @@
+"""The dispatcher: moves sealed runs' submissions through the graph to the workers and back.
+
+It owns the dependency tracker, one outbox per worker and the host-callback
+thread, and it completes runs. Its entry points run on whichever thread
+calls them: seal() and cancel() on the launching thread, on_message() and
+on_exit() on the transport's receiving thread, and callback completions on
+the callback thread. All state changes happen under one lock; messages
+leave through the outboxes after the lock is released (a worker whose pipe
+is full must never hold up the thread that reads its replies), in the order
+they were queued.
+"""
+
+from __future__ import annotations
+
+import itertools
+import queue
+import threading
+from collections import deque
+from concurrent.futures import Future
+from typing import Any, Callable
+
+from engine.distributed.errors import WorkerDiedError
+from engine.distributed.graph import DONE, HOST, SENT, WAITING, DependencyTracker, Submission
+from engine.distributed.memory import host_view
+from engine.distributed.program import WRITE
+from engine.distributed.protocol import Call, Done, MemoryOp, Result
+from engine.distributed.runs import RunRecord
+from engine.distributed.transport import Transport
+from engine.errors import ClosedError, KernelError
+from engine.tensor import Allocation
+
+__all__ = ["Dispatcher"]
+
+
+class Dispatcher:
+    def __init__(self, transport: Transport, workers: int, post: Callable[[int], None],
+                 now_ns: Callable[[], int]) -> None:
+        self._transport = transport
+        self._post = post  # announces a completed run id on the notifier
+        self._now = now_ns
+        self._lock = threading.Lock()
+        self._changed = threading.Condition(self._lock)  # some submission completed (quiesce waits on it)
+        self._tracker = DependencyTracker()
+        self._seq = itertools.count(1)
+        self._sent: dict[int, Submission] = {}  # by seq: on a worker, reply pending
+        self._rpcs: dict[int, Future[Any]] = {}
+        self._runs: dict[int, RunRecord] = {}  # sealed, not yet complete
+        self._outboxes: list[deque[Any]] = [deque() for _ in range(workers)]
+        self._flush_locks = [threading.Lock() for _ in range(workers)]
+        self._host_queue: queue.SimpleQueue[Submission | None] = queue.SimpleQueue()
+        self._broken: WorkerDiedError | None = None
+        self._closed = False
+        self.events: list[tuple[int, int, int, int, int, str, bool]] | None = None  # task events while tracing
+        self._host_thread = threading.Thread(target=self._serve_callbacks, name="tandem-host-callbacks",
+                                             daemon=True)
+        self._host_thread.start()
+
+    @property
+    def broken(self) -> WorkerDiedError | None:
+        return self._broken
+
+    # -- runs ----------------------------------------------------------------------------------
+    def seal(self, run: RunRecord, subs: list[Submission]) -> None:
+        """The run's orchestration is over: its submissions enter the graph, the ready ones leave."""
+        work: deque[Submission] = deque()
+        with self._lock:
+            run.sealed_ns = self._now()
+            if self._broken is not None or self._closed:
+                run.error = self._broken or ClosedError("the runtime is closed")
+                self._complete_run(run)
+                return
+            self._runs[run.id] = run
+            run.remaining = len(subs)
+            run.waiting = subs
+            for sub in subs:
+                for pred in self._tracker.add(sub):
+                    if pred.state == SENT and pred.worker == sub.worker:
+                        continue  # already queued to the same executor, which orders the two itself
+                    pred.succs.append(sub)
+                    sub.blocking += 1
+                if sub.blocking == 0:
+                    work.append(sub)
+            self._advance(work)
+            if run.remaining == 0:
+                self._complete_run(run)
+        self._flush()
+
+    def cancel(self, run: RunRecord) -> bool:
+        """Skips the run's submissions not yet sent; the run completes once those sent are back."""
+        with self._lock:
+            if run.done:
+                return False
+            if not run.cancelled:
+                run.cancelled = True
+                self._skip_waiting(run)
+        self._flush()
+        return True
+
+    def _advance(self, work: deque[Submission]) -> None:
+        """Sends (or skips) every submission in `work` and whatever that releases in turn. Lock held."""
+        while work:
+            sub = work.popleft()
+            if sub.state != WAITING:
+                continue
+            run = sub.run
+            if run.error is not None or run.cancelled:
+                self._finish(sub, None, work)
+                continue
+            sub.state = SENT
+            if sub.worker == HOST:
+                self._host_queue.put(sub)
+            else:
+                sub.seq = next(self._seq)
+                self._sent[sub.seq] = sub
+                key, dims, args = sub.payload
+                self._outboxes[sub.worker].append(Call(sub.seq, key, dims, args))
+            keep = []
+            for succ in sub.succs:  # those on the same executor need not wait for the reply
+                if succ.worker == sub.worker:
+                    succ.blocking -= 1
+                    if succ.blocking == 0:
+                        work.append(succ)
+                else:
+                    keep.append(succ)
+            sub.succs = keep
+
+    def _finish(self, sub: Submission, error: BaseException | None, work: deque[Submission]) -> None:
+        """sub is complete (done, failed or skipped): release what it held back. Lock held."""
+        sub.state = DONE
+        self._tracker.remove(sub)
+        for succ in sub.succs:
+            succ.blocking -= 1
+            if succ.blocking == 0:
+                work.append(succ)
+        sub.succs = []
+        run = sub.run
+        if sub.start_ns >= 0:
+            if run.first_start_ns < 0 or sub.start_ns < run.first_start_ns:
+                run.first_start_ns = sub.start_ns
+            run.last_end_ns = max(run.last_end_ns, sub.end_ns)
+            run.busy_ns += max(0, sub.end_ns - sub.start_ns)
+            if self.events is not None:
+                self.events.append((run.id, sub.index, sub.worker, sub.start_ns, sub.end_ns, sub.name,
+                                    error is None))
+        if error is not None and run.error is None and not run.cancelled:
+            run.error = error
+            self._skip_waiting(run, work)
+        run.remaining -= 1
+        if run.remaining == 0 and not run.done:
+            self._complete_run(run)
+        self._changed.notify_all()
+
+    def _skip_waiting(self, run: RunRecord, work: deque[Submission] | None = None) -> None:
+        """A failed or cancelled run: its submissions not yet sent never will be. Lock held."""
+        own = work is None
+        work = deque() if work is None else work
+        for sub in run.waiting:
+            if sub.state == WAITING:
+                self._finish(sub, None, work)
+        if own:
+            self._advance(work)
+        if run.remaining == 0 and not run.done:
+            self._complete_run(run)
+
+    def _complete_run(self, run: RunRecord) -> None:
+        run.done_ns = self._now()
+        run.waiting = []
+        self._runs.pop(run.id, None)
+        run._set_done()
+        if run.notify:
+            self._post(run.id)
+
+    # -- the workers' replies ----------------------------------------------------------------------
+    def on_message(self, worker: int, msg: Any) -> None:
+        """A reply from a worker (on the transport's thread)."""
+        if isinstance(msg, Done):
+            work: deque[Submission] = deque()
+            with self._lock:
+                sub = self._sent.pop(msg.seq, None)
+                if sub is None or sub.state != SENT:  # its run was failed by a worker's death meanwhile
+                    return
+                sub.start_ns, sub.end_ns = msg.first_start_ns, msg.last_end_ns
+                self._finish(sub, None if msg.error is None else _run_error(sub, msg.error), work)
+                self._advance(work)
+            self._flush()
+        elif isinstance(msg, Result):
+            with self._lock:
+                fut = self._rpcs.pop(msg.seq, None)
+            if fut is not None:
+                if msg.error is not None:
+                    fut.set_exception(msg.error)
+                else:
+                    fut.set_result(msg.value)
+
+    def on_exit(self, worker: int, reason: str) -> None:
+        """A worker is gone: fail every run in flight and every memory call; the runtime is broken."""
+        with self._lock:
+            if self._broken is None:
+                self._broken = WorkerDiedError(f"{reason}; the runs in flight failed and the runtime is broken "
+                                               "(close() it)", worker)
+            error = self._broken
+            for run in list(self._runs.values()):
+                if run.error is None:
+                    run.error = error
+                for sub in run.waiting:
+                    if sub.state != DONE:
+                        sub.state = DONE
+                        self._tracker.remove(sub)
+                self._complete_run(run)
+            self._sent.clear()
+            rpcs, self._rpcs = self._rpcs, {}
+            self._changed.notify_all()
+        for fut in rpcs.values():
+            fut.set_exception(error)
+
+    # -- host callbacks --------------------------------------------------------------------------------
+    def _serve_callbacks(self) -> None:
+        """The host-callback thread: callbacks in the order they were released."""
+        while True:
+            sub = self._host_queue.get()
+            if sub is None:
+                return
+            if sub.state != SENT:  # its run was failed meanwhile
+                continue
+            fn, args = sub.payload
+            error: BaseException | None = None
+            start = self._now()
+            try:
+                fn(*[host_view(t, bool(tag & WRITE)) for t, tag in args])
+            except BaseException as e:  # the run's error; this thread serves on
+                error = KernelError(sub.run.id, sub.index, sub.name, f"{type(e).__name__}: {e}")
+            end = self._now()
+            work: deque[Submission] = deque()
+            with self._lock:
+                if sub.state == SENT:
+                    sub.start_ns, sub.end_ns = start, end
+                    self._finish(sub, error, work)
+                    self._advance(work)
+            self._flush()
+
+    # -- memory calls ----------------------------------------------------------------------------------
+    def rpc(self, worker: int, op: str, *args: Any) -> Any:
+        """A synchronous memory call on one worker (after the work queued to it before)."""
+        fut: Future[Any] = Future()
+        with self._lock:
+            if self._broken is not None:
+                raise self._broken
+            if self._closed:
+                raise ClosedError("the runtime is closed")
+            seq = next(self._seq)
+            self._rpcs[seq] = fut
+            self._outboxes[worker].append(MemoryOp(seq, op, args))
+        self._flush()
+        return fut.result()
+
+    def quiesce(self, alloc: Allocation) -> None:
+        """Waits until no submission still to complete touches `alloc`."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._broken is not None or not self._tracker.busy(alloc))
+            if self._broken is not None:
+                raise self._broken
+
+    # -- sending -------------------------------------------------------------------------------------
+    def _flush(self) -> None:
+        for w, box in enumerate(self._outboxes):
+            if not box:
+                continue
+            with self._flush_locks[w]:  # pops and sends are one step per worker: order is kept
+                while box:
+                    msg = box.popleft()
+                    try:
+                        self._transport.send(w, msg)
+                    except (OSError, ValueError):
+                        pass  # the worker is gone: on_exit fails what it held
+
+    def close(self) -> None:
+        """Stops the callback thread (after the callback under way) and fails memory calls left."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            rpcs, self._rpcs = self._rpcs, {}
+        self._host_queue.put(None)
+        if self._host_thread is not threading.current_thread():
+            self._host_thread.join()
+        for fut in rpcs.values():
+            fut.set_exception(ClosedError("the runtime is closed"))
+
+
+def _run_error(sub: Submission, error: BaseException) -> BaseException:
+    """A worker's error as the error of the distributed run (KernelErrors name the run and submission)."""
+    where = f"{sub.name} on chip worker {sub.worker}"
+    if isinstance(error, KernelError):
+        return KernelError(sub.run.id, sub.index, f"{where}: {error.kernel}", error.message)
+    error.add_note(f"(raised by {where}, run {sub.run.id}, submission {sub.index})")
+    return error

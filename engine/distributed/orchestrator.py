@@ -1,0 +1,272 @@
+"""The `orch` object: what a distributed orchestration function receives for one run.
+
+The orchestration describes the run's work; it touches no data itself.
+Every orch.submit() and orch.submit_sub() is validated at once (a bad
+argument raises TypeError or ValueError right there) and recorded. Nothing
+reaches a worker until the orchestration function has returned: then the run
+is sealed and its submissions enter the dependency graph together. So a run
+whose orchestration raises leaves no trace, and a resident tensor passed to
+a program on the wrong worker raises ValueError before anything runs.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+
+from engine.binding import bind_call
+from engine.distributed.graph import HOST, Submission
+from engine.distributed.memory import SharedAllocation, WorkerAllocation
+from engine.distributed.program import WRITE
+from engine.dtypes import DType, as_dtype
+from engine.hostarrays import is_host_array
+from engine.program import Program
+from engine.specs import Scalar
+from engine.tensor import DeviceTensor, contiguous_strides
+
+if TYPE_CHECKING:
+    from engine.distributed.runs import RunRecord
+
+__all__ = ["Orchestrator", "Registry", "NO_BOUNDS"]
+
+SCRATCH_ALIGN = 64
+
+
+class _NoBounds(dict):  # type: ignore[type-arg]
+    """Bounds during the planning pass: none yet (the pass measures them)."""
+
+    def __missing__(self, key: str) -> int:
+        return sys.maxsize
+
+
+NO_BOUNDS: Mapping[str, int] = _NoBounds()
+
+
+class Registry:
+    """The sub-programs a runtime registered on its workers: program -> (key, bounds)."""
+
+    def __init__(self, entries: Mapping[int, tuple[int, Program, dict[str, int]]] | None = None) -> None:
+        self._entries: dict[int, tuple[int, Program, dict[str, int]]] = dict(entries or {})
+
+    def bounds(self, program: Program) -> Mapping[str, int]:
+        entry = self._entries.get(id(program))
+        if entry is None:
+            raise ValueError(f"program {program.name} was not registered at prepare: the planning pass at the "
+                             "bounds did not submit it; list it in @engine.distributed.program(programs=[...])")
+        return entry[2]
+
+    def key(self, program: Program, dims: dict[str, int]) -> int:
+        return self._entries[id(program)][0]
+
+
+class Orchestrator:
+    """One run's orchestration context: submit sub-programs and host callbacks, carve shared scratch.
+
+    workers: how many chip workers there are. dims: this run's symbols.
+    """
+
+    def __init__(self, owner: Any, workers: int,
+                 callbacks: Mapping[str, tuple[tuple[int, ...], Callable[..., Any] | None]], registry: Registry,
+                 run: "RunRecord | None", region: SharedAllocation, scratch_offset: int, scratch_size: int | None,
+                 dims: dict[str, int]) -> None:
+        self._owner = owner  # the DistributedRuntime (None while planning)
+        self._workers = workers
+        self._callbacks = callbacks
+        self._registry = registry
+        self._run = run
+        self._region = region  # the slot's shared region (a stand-in while planning)
+        self._scratch_offset = scratch_offset
+        self._scratch_size = scratch_size  # None while planning: the pass measures what it needs
+        self._scratch_used = 0
+        self._subs: list[Submission] = []
+        self._open = True
+        self.dims: dict[str, int] = dims
+
+    @property
+    def workers(self) -> int:
+        """Chip workers: valid worker= values are 0 .. workers - 1."""
+        return self._workers
+
+    @property
+    def planning(self) -> bool:
+        """True during prepare()'s planning pass (nothing runs)."""
+        return self._run is None
+
+    @property
+    def run_id(self) -> int:
+        return self._run.id if self._run is not None else 0
+
+    # -- submissions ----------------------------------------------------------------------------
+    def submit(self, program: Program, *args: Any, worker: int, **kwargs: Any) -> None:
+        """Runs a single-device program on chip worker `worker` once this run is sealed.
+
+        Arguments are tensors of this run (its parameters, orch.scratch(),
+        views of either) or resident tensors of that worker, and scalars.
+        Every Out must be passed. Access follows the program's In / Out /
+        InOut tags.
+        """
+        self._check_open()
+        if not isinstance(program, Program):
+            raise TypeError(f"orch.submit needs a program made with @engine.program, not {program!r}")
+        w = self._check_worker(worker)
+        for v in (*args, *kwargs.values()):
+            if is_host_array(v):
+                raise TypeError(f"orch.submit({program.name}): a host array cannot go to a worker directly; pass "
+                                "the run's tensors, orch.scratch() tensors or resident tensors")
+        call = bind_call(_Pinned(self, w), program, args, kwargs, self._registry.bounds(program))
+        descs: list[tuple[Any, ...]] = []
+        accesses = []
+        for a in call.args:
+            spec = a.param.spec
+            if isinstance(spec, Scalar):
+                descs.append(("v", a.value))
+                continue
+            t = a.value
+            if t is None:
+                raise TypeError(f"orch.submit({program.name}): pass output '{a.param.name}' (e.g. an "
+                                "orch.scratch() tensor); sub-program outputs are not allocated")
+            begin, end = t._byte_range()
+            accesses.append((t._alloc, begin, end, spec.writes))
+            descs.append(_describe(t))
+        key = self._registry.key(program, call.dims)
+        if self._run is not None:
+            payload = (key, dict(call.dims), tuple(descs))
+            self._subs.append(Submission(self._run, len(self._subs), w, program.name, accesses, payload))
+
+    def submit_sub(self, name: str, *tensors: DeviceTensor) -> None:
+        """Runs host callback `name` (bound at prepare) as fn(*arrays) once this run is sealed.
+
+        The tensors are tensors of this run; the callback gets numpy views of
+        their shared memory (read-only for "in" tags).
+        """
+        self._check_open()
+        entry = self._callbacks.get(name)
+        if entry is None:
+            raise ValueError(f"orch.submit_sub: '{name}' is not a declared callback (declared: "
+                             f"{sorted(self._callbacks)})")
+        tags, fn = entry
+        if len(tensors) != len(tags):
+            raise TypeError(f"orch.submit_sub: callback '{name}' takes {len(tags)} tensors, got {len(tensors)}")
+        accesses = []
+        for i, t in enumerate(tensors):
+            what = f"callback '{name}' argument {i}"
+            if not isinstance(t, DeviceTensor):
+                raise TypeError(f"{what}: expected a tensor of the run, not {type(t).__name__}")
+            alloc = t._alloc
+            if isinstance(alloc, WorkerAllocation):
+                raise ValueError(f"{what}: the tensor is resident on worker {alloc.worker}; host callbacks take "
+                                 "the run's shared tensors")
+            self._check_shared(t, what)
+            begin, end = t._byte_range()
+            accesses.append((alloc, begin, end, bool(tags[i] & WRITE)))
+        if self._run is not None:
+            payload = (fn, tuple(zip(tensors, tags)))
+            self._subs.append(Submission(self._run, len(self._subs), HOST, f"callback:{name}", accesses, payload))
+
+    # -- memory -------------------------------------------------------------------------------------
+    def scratch(self, shape: Sequence[int | str], dtype: Any = "float32") -> DeviceTensor:
+        """A tensor of this run's shared scratch (symbols resolve to this run's dims)."""
+        self._check_open()
+        dt: DType = as_dtype(dtype)
+        dims = []
+        for d in shape:
+            if isinstance(d, str):
+                if d not in self.dims:
+                    raise ValueError(f"scratch: unknown symbol '{d}' (bound symbols: {sorted(self.dims)})")
+                d = self.dims[d]
+            if isinstance(d, bool) or not isinstance(d, int):
+                raise TypeError(f"scratch: dim {d!r} must be an int or a symbol name")
+            if d <= 0:
+                raise ValueError(f"scratch: dim {d} must be positive")
+            dims.append(d)
+        if not dims:
+            raise ValueError("scratch: shape must have at least one dim")
+        nbytes = dt.itemsize
+        for d in dims:
+            nbytes *= d
+        offset = -(-self._scratch_used // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        self._scratch_used = offset + nbytes
+        if self._scratch_size is not None and self._scratch_used > self._scratch_size:
+            raise ValueError(f"shared scratch exhausted: this run needs at least {self._scratch_used} bytes, the "
+                             f"slot has {self._scratch_size} (prepare() sizes it from a planning pass at the "
+                             "bounds; pass scratch_bytes= for orchestration that needs more)")
+        return DeviceTensor(self._region, self._scratch_offset + offset, tuple(dims), contiguous_strides(dims), dt)
+
+    def split(self, t: DeviceTensor, parts: int | None = None, axis: int = 0) -> list[DeviceTensor]:
+        """Views of `t` cut into `parts` near-equal pieces along `axis` (default: one per worker)."""
+        parts = parts or self._workers
+        n = t.shape[axis]
+        parts = max(1, min(parts, n))
+        out, start = [], 0
+        for i in range(parts):
+            size = n // parts + (1 if i < n % parts else 0)
+            out.append(t[tuple([slice(None)] * axis + [slice(start, start + size)])])
+            start += size
+        return out
+
+    # -- for the runtime ---------------------------------------------------------------------------
+    def seal(self) -> list[Submission]:
+        """Ends the orchestration: the recorded submissions, in submission order."""
+        self._open = False
+        subs, self._subs = self._subs, []
+        return subs
+
+    @property
+    def scratch_used(self) -> int:
+        return self._scratch_used
+
+    def _check_open(self) -> None:
+        if not self._open:
+            raise RuntimeError(f"the orchestration of run {self.run_id} is over: orch is used only inside it")
+
+    def _check_worker(self, worker: Any) -> int:
+        if isinstance(worker, bool) or not isinstance(worker, int):
+            raise TypeError(f"orch.submit: worker must be an int, not {type(worker).__name__}")
+        if not 0 <= worker < self._workers:
+            raise ValueError(f"orch.submit: worker {worker} does not exist (workers: 0..{self._workers - 1})")
+        return worker
+
+    def _check_shared(self, t: DeviceTensor, what: str) -> None:
+        alloc = t._alloc
+        if not isinstance(alloc, SharedAllocation):
+            raise ValueError(f"{what}: the tensor belongs to another runtime")
+        if alloc.kind == "planning":
+            return
+        if alloc.owner is not self._owner:
+            raise ValueError(f"{what}: the tensor belongs to another runtime")
+        if alloc is not self._region:
+            raise ValueError(f"{what}: the tensor belongs to another run (tensors of a run live as long as its "
+                             "orchestration)")
+
+
+class _Pinned:
+    """The tensor check bind_call runs on each argument of a sub-program bound for one worker."""
+
+    __slots__ = ("orch", "worker")
+
+    def __init__(self, orch: Orchestrator, worker: int) -> None:
+        self.orch = orch
+        self.worker = worker
+
+    def _check_tensor(self, t: Any, what: str) -> None:
+        if not isinstance(t, DeviceTensor):
+            raise TypeError(f"{what}: expected a tensor, not {type(t).__name__}")
+        alloc = t._alloc
+        if isinstance(alloc, WorkerAllocation):
+            if alloc.kind != "planning":
+                if alloc.owner is not self.orch._owner:
+                    raise ValueError(f"{what}: the tensor belongs to another runtime")
+                if alloc.freed:
+                    raise ValueError(f"{what}: the tensor was freed")
+            if alloc.worker != self.worker:
+                raise ValueError(f"{what}: the tensor is resident on worker {alloc.worker}, so it cannot be passed "
+                                 f"to a program on worker {self.worker}")
+            return
+        self.orch._check_shared(t, what)
+
+
+def _describe(t: DeviceTensor) -> tuple[Any, ...]:
+    """The argument descriptor of a tensor (see protocol)."""
+    alloc = t._alloc
+    key = alloc.region if isinstance(alloc, SharedAllocation) else alloc.id
+    return ("s" if isinstance(alloc, SharedAllocation) else "d", key, t._offset, t.shape, t.strides, t.dtype.name)

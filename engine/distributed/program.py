@@ -1,0 +1,169 @@
+"""Distributed programs: an orchestration over chip workers plus its declared signature.
+
+    @engine.distributed.program(callbacks={"gather": ("in", "in", "out")})
+    def tp(orch, x: In(("B", 64)), w: PerWorker(In((64, 32))), y: Out(("B", 64))):
+        parts = [orch.scratch(("B", 32)) for _ in range(orch.workers)]
+        for i, p in enumerate(parts):
+            orch.submit(matmul_program, x, w[i], p, worker=i)
+        orch.submit_sub("gather", *parts, y)
+
+The parameters are declared with the single-device specs (In, Out, InOut,
+Scalar). PerWorker(spec) declares a parameter that takes one resident tensor
+per chip worker (a list or tuple, the i-th pinned to worker i).
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
+
+from engine.program import Param, Program
+from engine.specs import In, InOut, Out, Scalar, TensorSpec
+
+if TYPE_CHECKING:
+    from engine.distributed.runtime import DistributedRuntime
+
+__all__ = ["DistributedProgram", "PerWorker", "program", "READ", "WRITE", "READWRITE"]
+
+READ, WRITE, READWRITE = 1, 2, 3
+_TAGS: dict[Any, int] = {"in": READ, "out": WRITE, "inout": READWRITE, In: READ, Out: WRITE, InOut: READWRITE}
+
+
+class PerWorker:
+    """A parameter that takes one resident tensor per chip worker: PerWorker(In((384, 1536))).
+
+    The argument is a sequence of `workers` DeviceTensors of the runtime,
+    the i-th resident on worker i, all of the declared shape and dtype. The
+    orchestration receives it as a tuple.
+    """
+
+    __slots__ = ("spec",)
+
+    def __init__(self, spec: TensorSpec) -> None:
+        if not isinstance(spec, TensorSpec):
+            raise TypeError(f"PerWorker takes In(...), Out(...) or InOut(...), not {spec!r}")
+        self.spec = spec
+
+    def __repr__(self) -> str:
+        return f"PerWorker({self.spec!r})"
+
+
+class DistributedProgram:
+    """An orchestration over chip workers with a declared signature; prepare() it once, run it many times."""
+
+    def __init__(self, fn: Callable[..., Any], callbacks: Mapping[str, Sequence[Any]] | None = None,
+                 programs: Iterable[Program] = ()) -> None:
+        self.fn = fn
+        self.name: str = getattr(fn, "__qualname__", repr(fn))
+        self.params: tuple[Param, ...] = _parse_signature(fn, self.name)
+        self.callbacks: dict[str, tuple[int, ...]] = _parse_callbacks(self.name, callbacks)
+        self.programs: tuple[Program, ...] = tuple(programs)
+        for p in self.programs:
+            if not isinstance(p, Program):
+                raise TypeError(f"distributed program {self.name}: programs= takes engine programs, not {p!r}")
+        self.symbols: tuple[str, ...] = tuple(dict.fromkeys(
+            s for p in self.params if not isinstance(p.spec, Scalar) for s in tensor_spec(p).symbols))
+
+    def invoke(self, orch: Any, values: Sequence[Any]) -> Any:
+        """Calls the orchestration function with one value per declared parameter."""
+        pos = [v for p, v in zip(self.params, values) if not p.keyword_only]
+        kw = {p.name: v for p, v in zip(self.params, values) if p.keyword_only}
+        return self.fn(orch, *pos, **kw)
+
+    def prepare(self, *, workers: int, depth: int = 2, bounds: Mapping[str, int] | None = None,
+                callbacks: Mapping[str, Callable[..., Any]] | None = None, worker_threads: int | None = None,
+                memory_limit: int | None = None, scratch_bytes: int | None = None, start_method: str = "spawn",
+                startup_timeout: float = 60.0) -> "DistributedRuntime":
+        """Starts `workers` chip-worker processes once, registers every sub-program, returns the runtime.
+
+        worker_threads: pool threads per worker (default: the cores divided
+        among the workers). memory_limit: device bytes per worker.
+        scratch_bytes: shared scratch per slot for orch.scratch() (default:
+        measured by a planning pass at the bounds). start_method: "spawn" or
+        "forkserver" (never fork: the host has threads). A failure at any
+        point of setup stops every process already started, removes the
+        shared memory and re-raises the original error.
+        """
+        from engine.distributed.runtime import DistributedRuntime
+
+        return DistributedRuntime(self, workers=workers, depth=depth, bounds=bounds, callbacks=callbacks,
+                                  worker_threads=worker_threads, memory_limit=memory_limit,
+                                  scratch_bytes=scratch_bytes, start_method=start_method,
+                                  startup_timeout=startup_timeout)
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{p.name}: {p.spec!r}" for p in self.params)
+        return f"<DistributedProgram {self.name}({sig})>"
+
+
+def program(fn: Callable[..., Any] | None = None, *, callbacks: Mapping[str, Sequence[Any]] | None = None,
+            programs: Iterable[Program] = ()) -> Any:
+    """Decorator: turns an orchestration function into a DistributedProgram.
+
+    The first parameter receives the Orchestrator (`orch`). callbacks
+    declares the host callbacks that orch.submit_sub(name, *tensors) runs,
+    each with the access tag of every tensor it takes: "in", "out" or
+    "inout" (or In, Out, InOut themselves); the functions are bound at
+    prepare(callbacks=...). programs lists single-device programs that the
+    planning pass at the bounds does not submit but runs may (they are
+    registered on every worker at prepare too).
+    """
+    if fn is None:
+        return lambda f: DistributedProgram(f, callbacks, programs)
+    return DistributedProgram(fn, callbacks, programs)
+
+
+def tensor_spec(p: Param) -> TensorSpec:
+    """The tensor spec of a tensor parameter (the inner one of a PerWorker)."""
+    spec: Any = p.spec
+    return spec.spec if isinstance(spec, PerWorker) else spec
+
+
+def _parse_signature(fn: Callable[..., Any], name: str) -> tuple[Param, ...]:
+    if not callable(fn):
+        raise TypeError(f"@engine.distributed.program needs a function, not {type(fn).__name__}")
+    try:
+        hints = inspect.get_annotations(fn, eval_str=True)
+    except Exception as e:
+        raise TypeError(f"distributed program {name}: cannot evaluate annotations: {e}") from e
+    params = list(inspect.signature(fn).parameters.values())
+    if not params:
+        raise TypeError(f"distributed program {name}: the first parameter must receive the orchestrator")
+    out: list[Param] = []
+    for p in params[1:]:
+        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
+            raise TypeError(f"distributed program {name}: parameter '{p.name}': *args and **kwargs are not allowed")
+        if p.default is not p.empty:
+            raise TypeError(f"distributed program {name}: parameter '{p.name}': defaults are not allowed")
+        spec = hints.get(p.name, p.annotation)
+        if spec is Scalar:
+            spec = Scalar()
+        if not isinstance(spec, (TensorSpec, Scalar, PerWorker)):
+            raise TypeError(f"distributed program {name}: parameter '{p.name}' is annotated {spec!r}; expected "
+                            "In(...), Out(...), InOut(...), PerWorker(...) or Scalar(type)")
+        out.append(Param(p.name, spec, p.kind == p.KEYWORD_ONLY))  # type: ignore[arg-type]
+    return tuple(out)
+
+
+def _parse_callbacks(name: str, callbacks: Mapping[str, Sequence[Any]] | None) -> dict[str, tuple[int, ...]]:
+    if callbacks is None:
+        return {}
+    if not isinstance(callbacks, Mapping):
+        raise TypeError(f"distributed program {name}: callbacks must map names to access tags, "
+                        "e.g. {'gather': ('in', 'in', 'out')}")
+    out: dict[str, tuple[int, ...]] = {}
+    for cname, tags in callbacks.items():
+        if not isinstance(cname, str) or not cname.isidentifier():
+            raise ValueError(f"distributed program {name}: callback name {cname!r} must be an identifier")
+        if isinstance(tags, str) or not isinstance(tags, Sequence):
+            raise TypeError(f"distributed program {name}: callback '{cname}' needs a sequence of access tags "
+                            f"('in', 'out', 'inout'), not {tags!r}")
+        access = []
+        for t in tags:
+            try:
+                access.append(_TAGS[t])
+            except (KeyError, TypeError):
+                raise ValueError(f"distributed program {name}: callback '{cname}': access tag {t!r} is not "
+                                 "'in', 'out' or 'inout'") from None
+        out[cname] = tuple(access)
+    return out

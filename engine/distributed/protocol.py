@@ -1,0 +1,103 @@
+"""The messages between the host and a chip worker.
+
+Every message is a small NamedTuple pickled through the transport. Tensor
+*data* never travels in a per-run message: a run's arguments are described by
+reference (a shared region and a byte offset, or a resident allocation id)
+and the worker reads and writes the bytes in place.
+
+Argument descriptors of a Call, one per parameter of the sub-program:
+    ("s", region, offset, shape, strides, dtype)  a view of shared region `region`
+    ("d", alloc_id, offset, shape, strides, dtype) a view of a resident allocation
+    ("v", value)                                   a scalar
+offset is in bytes, strides in elements, dtype a DType name.
+"""
+
+from __future__ import annotations
+
+import pickle
+import traceback
+from typing import Any, NamedTuple
+
+__all__ = ["ProgramSpec", "RegionSpec", "Setup", "Ready", "SetupFailed", "Call", "Done", "MemoryOp", "Result",
+           "Stop", "portable_error"]
+
+
+class ProgramSpec(NamedTuple):
+    """A registered sub-program: where the worker imports it from, and how it is sized."""
+
+    module: str
+    qualname: str
+    bounds: dict[str, int]
+    scratch_bytes: int
+
+
+class RegionSpec(NamedTuple):
+    index: int
+    name: str
+    size: int
+
+
+class Setup(NamedTuple):
+    """The first message a worker receives: everything it prepares once."""
+
+    index: int
+    threads: int
+    memory_limit: int
+    programs: tuple[ProgramSpec, ...]
+    regions: tuple[RegionSpec, ...]
+
+
+class Ready(NamedTuple):
+    pid: int
+    threads: int
+    clock_offset_ns: int  # add to a worker engine timestamp to get the host clock (time.monotonic_ns)
+
+
+class SetupFailed(NamedTuple):
+    error: BaseException
+
+
+class Call(NamedTuple):
+    """Run registered program `program` once with these arguments."""
+
+    seq: int
+    program: int
+    dims: dict[str, int]
+    args: tuple[tuple[Any, ...], ...]
+
+
+class Done(NamedTuple):
+    """A Call finished (error None) or failed; times on the host clock (-1: nothing ran)."""
+
+    seq: int
+    error: BaseException | None
+    first_start_ns: int
+    last_end_ns: int
+
+
+class MemoryOp(NamedTuple):
+    """A synchronous memory call: op in alloc / free / write / read / stats."""
+
+    seq: int
+    op: str
+    args: tuple[Any, ...]
+
+
+class Result(NamedTuple):
+    seq: int
+    error: BaseException | None
+    value: Any
+
+
+class Stop(NamedTuple):
+    pass
+
+
+def portable_error(e: BaseException) -> BaseException:
+    """`e` if it survives pickling, else a RuntimeError carrying its type, message and traceback."""
+    try:
+        pickle.loads(pickle.dumps(e))
+        return e
+    except Exception:
+        tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
+        return RuntimeError(f"{type(e).__name__}: {e}\n{tb}")

@@ -1,0 +1,281 @@
+"""The transport: the one way the host reaches its chip workers.
+
+The orchestration layer (dispatch, runtime) only ever calls this interface:
+
+    create_region(nbytes) -> Region   host memory the workers address (one per slot)
+    start(setups, on_message, on_exit, timeout) -> [Ready]
+                                      start one worker per Setup, wait until every one is ready
+    send(worker, message)             a protocol message to one worker (in order per worker)
+    alive(worker) -> bool             health
+    stop(timeout)                     stop and reap every worker, remove every region
+
+and receives through two callbacks, called on the transport's own thread:
+on_message(worker, message) for every reply, and on_exit(worker, reason)
+when a worker is gone for any reason other than stop().
+
+ProcessTransport runs each worker as a local process (spawn or forkserver:
+never fork, the host has threads) connected by a pipe, with the regions in
+POSIX shared memory that every worker maps, so a run's tensor bytes never
+travel through the pipe. A backend that places workers on Ray actors across
+machines implements the same five calls: its regions are plain host
+buffers, send() ships the byte ranges a Call reads (every argument
+descriptor names its region, offset, shape and strides), and the reply path
+writes the ranges the Call wrote back into the region before on_message.
+"""
+
+from __future__ import annotations
+
+import abc
+import multiprocessing
+import os
+import secrets
+import signal
+import threading
+import time
+from multiprocessing import connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Callable, Sequence
+
+from engine.distributed.errors import WorkerDiedError
+from engine.distributed.protocol import Ready, Setup, SetupFailed, Stop
+
+__all__ = ["Region", "Transport", "ProcessTransport", "OnMessage", "OnExit", "describe_exit"]
+
+OnMessage = Callable[[int, Any], None]
+OnExit = Callable[[int, str], None]
+
+
+class Region(abc.ABC):
+    """Host memory that workers read and write by reference: `size` bytes named `name`."""
+
+    index: int
+    name: str
+    size: int
+
+    @property
+    @abc.abstractmethod
+    def buf(self) -> memoryview:
+        """The host's view of the bytes."""
+
+
+class Transport(abc.ABC):
+    """How the host starts, reaches, watches and stops its chip workers."""
+
+    workers: int
+
+    @abc.abstractmethod
+    def create_region(self, nbytes: int) -> Region:
+        """Host memory the workers will address (before start(): its spec goes into every Setup)."""
+
+    @abc.abstractmethod
+    def start(self, setups: Sequence[Setup], on_message: OnMessage, on_exit: OnExit, timeout: float) -> list[Ready]:
+        """Starts one worker per Setup and waits until each is ready.
+
+        Raises the worker's own setup error, WorkerDiedError when one exits
+        first, or TimeoutError. The caller then calls stop().
+        """
+
+    @abc.abstractmethod
+    def send(self, worker: int, message: Any) -> None:
+        """Sends one message; messages to one worker arrive in the order sent. OSError when it is gone."""
+
+    @abc.abstractmethod
+    def alive(self, worker: int) -> bool:
+        """False once the worker is known to be gone."""
+
+    @abc.abstractmethod
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stops every worker (asks, then terminates, then kills), reaps them, removes every region. Idempotent."""
+
+
+class _SharedRegion(Region):
+    def __init__(self, index: int, shm: SharedMemory) -> None:
+        self.index = index
+        self.name = shm.name
+        self.size = shm.size
+        self._shm: SharedMemory | None = shm
+
+    @property
+    def buf(self) -> memoryview:
+        assert self._shm is not None
+        buf = self._shm.buf
+        assert buf is not None
+        return buf
+
+    def destroy(self) -> None:
+        shm, self._shm = self._shm, None
+        if shm is None:
+            return
+        try:
+            shm.unlink()  # first: the name goes even if a view still pins the mapping
+        except FileNotFoundError:
+            pass
+        try:
+            shm.close()
+        except BufferError:  # a numpy view is still alive somewhere: the mapping goes with it
+            pass
+
+
+class ProcessTransport(Transport):
+    """Chip workers as local processes, pipes for messages, POSIX shared memory for tensor bytes."""
+
+    def __init__(self, workers: int, start_method: str = "spawn") -> None:
+        if start_method not in ("spawn", "forkserver"):
+            raise ValueError(f"start_method must be 'spawn' or 'forkserver' (never 'fork': the host has threads), "
+                             f"not {start_method!r}")
+        self.workers = workers
+        self.start_method = start_method
+        self._ctx = multiprocessing.get_context(start_method)
+        # Names under /dev/shm say whose they are: tandem_<host pid>_<random>_<n>.
+        self.prefix = f"tandem_{os.getpid()}_{secrets.token_hex(4)}"
+        self._regions: list[_SharedRegion] = []
+        self._procs: list[Any] = []
+        self._conns: list[connection.Connection] = []
+        self._send_locks: list[threading.Lock] = []
+        self._gone: set[int] = set()
+        self._thread: threading.Thread | None = None
+        self._wake_r, self._wake_w = os.pipe()
+        self._stopping = False
+        self._stopped = False
+        self._stop_lock = threading.Lock()
+
+    # -- regions -----------------------------------------------------------------------------
+    def create_region(self, nbytes: int) -> Region:
+        shm = SharedMemory(name=f"{self.prefix}_{len(self._regions)}", create=True, size=max(1, nbytes))
+        region = _SharedRegion(len(self._regions), shm)
+        self._regions.append(region)
+        return region
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self, setups: Sequence[Setup], on_message: OnMessage, on_exit: OnExit, timeout: float) -> list[Ready]:
+        from engine.distributed.worker import main as worker_main
+
+        deadline = time.monotonic() + timeout
+        for i, setup in enumerate(setups):
+            parent, child = self._ctx.Pipe(duplex=True)
+            proc = self._ctx.Process(target=worker_main, args=(child,), name=f"tandem-chip-worker-{i}", daemon=True)
+            self._procs.append(proc)
+            self._conns.append(parent)
+            self._send_locks.append(threading.Lock())
+            proc.start()
+            child.close()
+            parent.send(setup)  # read once the worker has imported the engine: all start in parallel
+        readies = [self._await_ready(i, deadline, timeout) for i in range(len(setups))]
+        self._thread = threading.Thread(target=self._receive, args=(on_message, on_exit),
+                                        name="tandem-transport", daemon=True)
+        self._thread.start()
+        return readies
+
+    def _await_ready(self, i: int, deadline: float, timeout: float) -> Ready:
+        proc, conn = self._procs[i], self._conns[i]
+        ready = connection.wait([conn, proc.sentinel], timeout=max(0.0, deadline - time.monotonic()))
+        if conn in ready:
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError):
+                msg = None
+            if isinstance(msg, Ready):
+                return msg
+            if isinstance(msg, SetupFailed):
+                raise msg.error
+        if ready:  # the process ended (or hung up) before saying anything
+            proc.join(1.0)
+            raise WorkerDiedError(f"chip worker {i} {describe_exit(proc.exitcode)} during startup", i, proc.exitcode)
+        raise TimeoutError(f"chip worker {i} was not ready within startup_timeout={timeout} s")
+
+    def _receive(self, on_message: OnMessage, on_exit: OnExit) -> None:
+        """The receiving thread: every reply in order, then each worker's exit."""
+        conns = {conn: i for i, conn in enumerate(self._conns)}
+        sentinels = {proc.sentinel: i for i, proc in enumerate(self._procs)}
+        while True:
+            ready = connection.wait([*conns, *sentinels, self._wake_r])
+            if self._wake_r in ready:
+                os.read(self._wake_r, 64)
+                if self._stopping:
+                    return
+            for obj in ready:
+                i = conns.get(obj) if isinstance(obj, connection.Connection) else None
+                if i is None:
+                    continue
+                try:
+                    while obj.poll():
+                        msg = obj.recv()
+                        on_message(i, msg)
+                except (EOFError, OSError):
+                    del conns[obj]  # hung up: its sentinel reports the exit
+                except BaseException as e:  # a reply the host cannot take: never leave runs hanging
+                    del conns[obj]
+                    self._gone.add(i)
+                    on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
+            for obj in ready:
+                i = sentinels.pop(obj, None) if isinstance(obj, int) else None
+                if i is None:
+                    continue
+                for conn, j in list(conns.items()):
+                    if j == i:
+                        del conns[conn]
+                proc = self._procs[i]
+                proc.join(0)  # reaps it
+                self._gone.add(i)
+                if not self._stopping:
+                    on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
+
+    def send(self, worker: int, message: Any) -> None:
+        with self._send_locks[worker]:
+            self._conns[worker].send(message)
+
+    def alive(self, worker: int) -> bool:
+        if self._stopped or worker in self._gone:
+            return False
+        return self._procs[worker].is_alive()
+
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._procs]
+
+    def stop(self, timeout: float = 5.0) -> None:
+        with self._stop_lock:
+            if self._stopped:
+                return
+            self._stopped = True
+            self._stopping = True
+            for i, conn in enumerate(self._conns):
+                try:
+                    with self._send_locks[i]:
+                        conn.send(Stop())
+                except (OSError, ValueError):
+                    pass
+            deadline = time.monotonic() + timeout
+            for proc in self._procs:
+                if proc.pid is not None:
+                    proc.join(max(0.0, deadline - time.monotonic()))
+            for proc in self._procs:  # still running: a kernel that does not return
+                if proc.pid is not None and proc.is_alive():
+                    proc.terminate()
+                    proc.join(1.0)
+                    if proc.is_alive():
+                        proc.kill()
+                        proc.join()
+            os.write(self._wake_w, b"x")
+            if self._thread is not None and self._thread is not threading.current_thread():
+                self._thread.join()
+            for conn in self._conns:
+                conn.close()
+            for proc in self._procs:
+                if proc.pid is not None:
+                    proc.close()
+            for region in self._regions:
+                region.destroy()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+
+
+def describe_exit(exitcode: int | None) -> str:
+    if exitcode is None:
+        return "is gone (exit status unknown)"
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return f"was killed by {name}"
+    return f"exited with code {exitcode}"

@@ -1,0 +1,286 @@
+"""The chip-worker process: one device and one worker pool that every registered program shares.
+
+A worker prepares once (Setup: its pool, the shared regions it maps, the
+single-device programs it runs) and then serves requests until Stop or until
+the host hangs up. A Call runs one registered program with arguments given
+by reference: views of the shared regions (the run's host tensors, mapped
+here and used in place: no staging copy) and resident tensors of this
+worker's device. Its orchestration runs on this process's main thread with
+an engine.Run; the tasks run on the pool; completions come back through the
+engine's notifier and are reported as Done, in completion order. Resident
+tensors, shared regions and scratch all live on one device, so any program
+uses any of them and the engine's own tracker orders work that shares them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import time
+from multiprocessing import connection
+from multiprocessing.shared_memory import SharedMemory
+from typing import Any, Sequence
+
+import numpy as np
+
+from engine import _native
+from engine.distributed.protocol import (Call, Done, MemoryOp, ProgramSpec, Ready, RegionSpec, Result, Setup,
+                                         SetupFailed, Stop, portable_error)
+from engine.dtypes import as_dtype
+from engine.errors import KernelError, RunCancelledError
+from engine.program import Program
+from engine.run import HostKernel, Run
+from engine.tensor import Allocation, DeviceTensor
+
+__all__ = ["main", "ChipHost", "resolve_program"]
+
+# Ids the worker's engine tracks shared regions by: far above the device's own ids (which count from 1).
+_SHARED_ID_BASE = 1 << 48
+
+
+def main(conn: connection.Connection) -> None:
+    """The process entry point (the target the transport starts)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when a worker stops
+    host: ChipHost | None = None
+    try:
+        setup = conn.recv()
+        assert isinstance(setup, Setup), f"expected Setup, got {type(setup).__name__}"
+        host = ChipHost(setup)
+        conn.send(Ready(os.getpid(), host.workers, host.clock_offset_ns))
+    except BaseException as e:
+        try:
+            conn.send(SetupFailed(portable_error(e)))
+        except Exception:
+            pass
+        if host is not None:
+            host.close()
+        return
+    try:
+        serve(conn, host)
+    finally:
+        host.close()
+
+
+def serve(conn: connection.Connection, host: "ChipHost") -> None:
+    """Requests in, completions out, until Stop or the host hangs up."""
+    fd = host.notifier_fd
+    while True:
+        ready = connection.wait([conn, fd])
+        if fd in ready:
+            for done in host.completed():
+                conn.send(done)
+        if conn in ready:
+            try:
+                while conn.poll():
+                    msg = conn.recv()
+                    if isinstance(msg, Stop):
+                        return
+                    reply = host.handle(msg)
+                    if reply is not None:
+                        conn.send(reply)
+            except (EOFError, OSError):
+                return
+
+
+class _Prepared:
+    """A registered program with its bounds and a free list of scratch arenas (one per run in flight)."""
+
+    __slots__ = ("program", "bounds", "scratch_bytes", "free_scratch")
+
+    def __init__(self, program: Program, bounds: dict[str, int], scratch_bytes: int) -> None:
+        self.program = program
+        self.bounds = bounds
+        self.scratch_bytes = scratch_bytes
+        self.free_scratch: list[Allocation] = []
+
+
+class ChipHost:
+    """A worker's device, pool and registered programs. Plays the runtime's part for engine.Run."""
+
+    def __init__(self, setup: Setup) -> None:
+        self._device = _native.Device(setup.memory_limit)
+        self._engine: Any = _native.Engine(self._device, setup.threads)
+        self.clock_offset_ns = time.monotonic_ns() - self._engine.now_ns()
+        self._kernels: dict[int, tuple[Any, Any]] = {}
+        self._allocs: dict[int, Allocation] = {}  # resident tensors and buffers, by device id
+        self._regions: dict[int, tuple[SharedMemory, Allocation]] = {}
+        self._programs = [_Prepared(resolve_program(p.module, p.qualname), dict(p.bounds), p.scratch_bytes)
+                          for p in setup.programs]
+        self._pending: dict[int, tuple[int, _Prepared, Allocation | None, Any]] = {}
+        for r in setup.regions:
+            self._attach(r)
+
+    @property
+    def workers(self) -> int:
+        return self._engine.workers
+
+    @property
+    def notifier_fd(self) -> int:
+        return self._engine.notifier_fd
+
+    def _attach(self, spec: RegionSpec) -> None:
+        shm = SharedMemory(name=spec.name)
+        addr = np.frombuffer(shm.buf, np.uint8).ctypes.data
+        buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + spec.index, addr, spec.size)
+        self._regions[spec.index] = (shm, Allocation(self, buf, "shared"))
+
+    # -- what engine.Run asks of its runtime --------------------------------------------------------
+    def _check_tensor(self, t: Any, what: str) -> None:
+        if not isinstance(t, DeviceTensor):
+            raise TypeError(f"{what}: expected a device tensor, not {type(t).__name__}")
+        if t._alloc.owner is not self:
+            raise ValueError(f"{what}: the tensor belongs to another runtime")
+        if t._alloc.freed:
+            raise ValueError(f"{what}: the tensor was freed")
+
+    def _native_kernel(self, kernel: Any) -> Any:
+        entry = self._kernels.get(id(kernel))
+        if entry is None:
+            if isinstance(kernel, HostKernel):
+                nk = self._engine.register_host_kernel(f"host:{kernel.name}:{id(kernel):x}", kernel.fn)
+            else:
+                nk = self._engine.kernel(kernel.name)
+            entry = self._kernels[id(kernel)] = (nk, kernel)  # keeps the kernel alive: its id is the key
+        return entry[0]
+
+    def _callback_kernel(self, name: str, n_tensors: int) -> Any:
+        raise ValueError(f"run.host('{name}'): sub-programs of a distributed program have no host callbacks; "
+                         "use orch.submit_sub() in the distributed orchestration")
+
+    # -- requests ---------------------------------------------------------------------------------
+    def handle(self, msg: Any) -> Any:
+        if isinstance(msg, Call):
+            return self.call(msg)
+        if isinstance(msg, MemoryOp):
+            try:
+                return Result(msg.seq, None, self.memory(msg.op, msg.args))
+            except BaseException as e:
+                return Result(msg.seq, portable_error(e), None)
+        raise TypeError(f"chip worker: unknown message {type(msg).__name__}")
+
+    def call(self, msg: Call) -> Done | None:
+        """Starts one run of a registered program; None when it is under way (Done comes at completion)."""
+        prep = self._programs[msg.program]
+        try:
+            values = [self._value(d) for d in msg.args]
+        except BaseException as e:
+            return Done(msg.seq, portable_error(e), -1, -1)
+        scratch = prep.free_scratch.pop() if prep.free_scratch else self._new_scratch(prep)
+        native = self._engine.begin_run(True)
+        try:
+            prep.program.invoke(Run(self, native, None, dict(msg.dims), scratch), values)
+        except BaseException as e:
+            native.cancel()
+            self._engine.seal(native)
+            native.wait()  # its tasks already started release their memory first
+            if scratch is not None:
+                prep.free_scratch.append(scratch)
+            return Done(msg.seq, portable_error(e), -1, -1)
+        self._engine.seal(native)
+        self._pending[native.id] = (msg.seq, prep, scratch, native)
+        return None
+
+    def _new_scratch(self, prep: _Prepared) -> Allocation | None:
+        if prep.scratch_bytes <= 0:
+            return None
+        return Allocation(self, self._device.alloc(prep.scratch_bytes), "scratch")
+
+    def _value(self, d: Sequence[Any]) -> Any:
+        kind = d[0]
+        if kind == "v":
+            return d[1]
+        _, key, offset, shape, strides, dtype = d
+        alloc = self._regions[key][1] if kind == "s" else self._allocs.get(key)
+        if alloc is None:
+            raise ValueError(f"chip worker: no resident allocation {key} (freed?)")
+        return DeviceTensor(alloc, offset, tuple(shape), tuple(strides), as_dtype(dtype))
+
+    def completed(self) -> list[Done]:
+        """Done for every run completed since the last call."""
+        out = []
+        offset = self.clock_offset_ns
+        for rid in self._engine.drain_completed():
+            entry = self._pending.pop(rid, None)
+            if entry is None:  # a run whose orchestration failed: reported already
+                continue
+            seq, prep, scratch, native = entry
+            if scratch is not None:
+                prep.free_scratch.append(scratch)
+            failure = native.failure()
+            error: BaseException | None = None
+            if failure is not None:
+                error = KernelError(native.id, *failure)
+            elif native.cancelled:
+                error = RunCancelledError(f"run {native.id} was cancelled")
+            t = native.times()
+            first, last = t["first_start_ns"], t["last_end_ns"]
+            out.append(Done(seq, error, first + offset if first >= 0 else -1, last + offset if last >= 0 else -1))
+        return out
+
+    # -- memory -----------------------------------------------------------------------------------
+    def memory(self, op: str, args: tuple[Any, ...]) -> Any:
+        if op == "alloc":
+            nbytes, kind, init = args
+            alloc = Allocation(self, self._device.alloc(nbytes), kind)
+            if init is not None:
+                self._device.copy_h2d(alloc.buf, 0, init)
+            self._allocs[alloc.id] = alloc
+            return alloc.id
+        if op == "stats":
+            return dict(self._device.stats())
+        alloc = self._allocs[args[0]]
+        self._engine.quiesce(alloc.id)  # runs in flight may still use it
+        if op == "free":
+            del self._allocs[alloc.id]
+            alloc.freed = True
+            self._engine.forget_allocation(alloc.id)
+            self._device.free(alloc.buf)
+            return None
+        if op == "write":
+            _, offset, data = args
+            self._device.copy_h2d(alloc.buf, offset, np.ascontiguousarray(data))
+            return None
+        if op == "read":
+            _, offset, nbytes = args
+            out = np.empty(nbytes, np.uint8)
+            self._device.copy_d2h(out, alloc.buf, offset)
+            return out
+        raise ValueError(f"chip worker: unknown memory op {op!r}")
+
+    def close(self) -> None:
+        """Cancels what is still running, joins the pool, unmaps the regions."""
+        self._engine.close(True)
+        self._pending.clear()
+        for shm, alloc in self._regions.values():
+            alloc.freed = True
+            shm.close()
+        self._regions.clear()
+
+
+def resolve_program(module: str, qualname: str) -> Program:
+    """The engine Program named module:qualname (workers import programs; they are never pickled)."""
+    obj: Any = importlib.import_module(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part)
+    if not isinstance(obj, Program):
+        raise TypeError(f"{module}.{qualname} is {type(obj).__name__}, not an engine program")
+    return obj
+
+
+def program_spec(prog: Program, bounds: dict[str, int], scratch_bytes: int) -> ProgramSpec:
+    """How a worker finds `prog`: by its module and qualified name, checked here in the host first."""
+    fn = prog.fn
+    module, qualname = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+    if not module or "<locals>" in qualname:
+        raise TypeError(f"sub-program {prog.name} must be defined at module level: chip workers import it "
+                        f"by name")
+    try:
+        found = resolve_program(module, qualname)
+    except (ImportError, AttributeError, TypeError) as e:
+        raise TypeError(f"sub-program {prog.name}: chip workers import it as {module}.{qualname}, which "
+                        f"fails here: {e}") from None
+    if found is not prog:
+        raise TypeError(f"sub-program {prog.name}: {module}.{qualname} is another object; chip workers import "
+                        "programs by name, so define each one once at module level")
+    return ProgramSpec(module, qualname, bounds, scratch_bytes)

@@ -1,0 +1,137 @@
+"""Programs the distributed tests run. Module level: chip workers import sub-programs by name."""
+
+from __future__ import annotations
+
+import numpy as np
+
+import engine
+import engine.distributed as dist
+from engine import In, InOut, Out, Scalar
+from engine import kernels as K
+
+D, H = 32, 64  # MLP widths
+KD, N = 48, 64  # tensor-parallel matmul: x (B, KD) @ w (KD, N)
+
+
+# -- single-device programs (run on a chip worker) ---------------------------------------------------
+@engine.program
+def mlp_shard(run: engine.Run, x: In(("B", D)), w1: In((D, H)), w2: In((H, D)), y: Out(("B", D))):
+    h = run.scratch(("B", H), "float32")
+    run.submit(K.matmul, x, w1, out=h)
+    run.submit(K.gelu, h, out=h)
+    run.submit(K.matmul, h, w2, out=y)
+
+
+@engine.program
+def matmul(run: engine.Run, x: In(("B", "K")), w: In(("K", "N")), y: Out(("B", "N"))):
+    run.submit(K.matmul, x, w, out=y)
+
+
+@engine.program
+def add_into(run: engine.Run, x: In(("B", D)), acc: InOut(("B", D))):
+    run.submit(K.add, acc, x, out=acc)
+
+
+@engine.program
+def scale(run: engine.Run, x: In(("B", D)), y: Out(("B", D)), factor: Scalar(float)):
+    run.submit(K.scale, x, out=y, alpha=factor)
+
+
+@engine.program
+def spin(run: engine.Run, y: Out((1,)), ns: Scalar(int)):
+    run.submit(K.spin, ns=ns)
+    run.submit(K.fill, out=y, value=1.0)
+
+
+@engine.program
+def unused(run: engine.Run, y: Out((4,))):
+    run.submit(K.fill, out=y, value=7.0)
+
+
+@engine.host_kernel
+def _raise(a, out):
+    raise RuntimeError("boom in a host kernel")
+
+
+@engine.program
+def failing(run: engine.Run, x: In(("B", D)), y: Out(("B", D))):
+    run.submit(_raise, x, out=y)
+
+
+# -- distributed programs ---------------------------------------------------------------------------------
+@dist.program
+def dp_mlp(orch: dist.Orchestrator, x: In(("B", D)), w1: In((D, H)), w2: In((H, D)), y: Out(("B", D))):
+    """Data parallel: batch shards, one per worker, weights staged with every run."""
+    for i, (xs, ys) in enumerate(zip(orch.split(x), orch.split(y))):
+        orch.submit(mlp_shard, xs, w1, w2, ys, worker=i)
+
+
+@dist.program
+def dp_mlp_resident(orch: dist.Orchestrator, x: In(("B", D)), w1: dist.PerWorker(In((D, H))),
+                    w2: dist.PerWorker(In((H, D))), y: Out(("B", D))):
+    """Data parallel with each worker's own resident copy of the weights."""
+    for i, (xs, ys) in enumerate(zip(orch.split(x), orch.split(y))):
+        orch.submit(mlp_shard, xs, w1[i], w2[i], ys, worker=i)
+
+
+@dist.program(callbacks={"gather": ("in", "in", "out")})
+def tp_matmul(orch: dist.Orchestrator, x: In(("B", KD)), w: In((KD, N)), y: Out(("B", N))):
+    """Tensor parallel: column shards of w (strided views of the shared region), gathered on the host."""
+    cols = N // orch.workers
+    parts = []
+    for i in range(orch.workers):
+        part = orch.scratch(("B", cols), "float32")
+        orch.submit(matmul, x, w[:, i * cols:(i + 1) * cols], part, worker=i)
+        parts.append(part)
+    orch.submit_sub("gather", *parts, y)
+
+
+def gather(a: np.ndarray, b: np.ndarray, y: np.ndarray) -> None:
+    np.concatenate([a, b], axis=1, out=y)
+
+
+@dist.program(callbacks={"double": ("inout",)})
+def chain(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
+    """worker 0 -> host callback (in place) -> worker 1: each step must see the previous one's output."""
+    a = orch.scratch(("B", D), "float32")
+    orch.submit(scale, x, a, 3.0, worker=0)
+    orch.submit_sub("double", a)
+    orch.submit(scale, a, y, 0.5, worker=1)
+
+
+def double(a: np.ndarray) -> None:
+    a *= 2.0
+
+
+@dist.program
+def accumulate(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)), worker: Scalar(int)):
+    """A resident accumulator on `worker`: runs must apply in dispatch order."""
+    orch.submit(add_into, x, acc, worker=worker)
+
+
+@dist.program
+def pinned_wrong(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D))):
+    """Passes its resident argument to worker 1 whatever worker it lives on."""
+    orch.submit(add_into, x, acc, worker=1)
+
+
+@dist.program(programs=[unused])
+def slow(orch: dist.Orchestrator, y: Out((2,)), ns: Scalar(int)):
+    """Each worker spins for ns nanoseconds (keeps runs in flight)."""
+    for i in range(orch.workers):
+        orch.submit(spin, ns, y=y[i:i + 1], worker=i)
+
+
+@dist.program
+def fails_on_worker(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
+    orch.submit(failing, x, y, worker=1)
+
+
+@dist.program(callbacks={"explode": ("in",)})
+def fails_on_host(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
+    orch.submit_sub("explode", x)
+    orch.submit(scale, x, y, 1.0, worker=0)
+
+
+def explode(a: np.ndarray) -> None:
+    raise ValueError("callback exploded")
