@@ -26,6 +26,7 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import functools  # noqa: E402
 import math  # noqa: E402
 import statistics  # noqa: E402
 import sys  # noqa: E402
@@ -41,7 +42,6 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 from _common import print_table, write_json  # noqa: E402
 
-import engine  # noqa: E402,F401
 import engine.kernels as K  # noqa: E402
 from engine import _native  # noqa: E402
 from engine.dtypes import bfloat16  # noqa: E402
@@ -122,15 +122,19 @@ def measure(case: Case, reps: int, sample_s: float) -> None:
 
 def cases(quick: bool) -> list[Case]:
     rng = np.random.default_rng(0)
-    f32 = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+
+    def f32(*shape: int) -> np.ndarray:
+        return rng.standard_normal(shape).astype(np.float32)
+
     out: list[Case] = []
     add = out.append
 
     # -- matmul: numpy's sgemm (np.matmul into a preallocated out) ---------------------------
     for n in (256, 512, 1024):
         a, b, o, o2 = f32(n, n), f32(n, n), np.empty((n, n), np.float32), np.empty((n, n), np.float32)
-        add(Case("matmul", f"{n}x{n}x{n}", "float32", prepared(K.matmul, a, b, out=o),
-                 lambda a=a, b=b, o2=o2: np.matmul(a, b, out=o2), "np.matmul(a, b, out=)", 0.9))
+        sgemm = functools.partial(np.matmul, a, b, out=o2)
+        add(Case("matmul", f"{n}x{n}x{n}", "float32", prepared(K.matmul, a, b, out=o), sgemm, "np.matmul(a, b, out=)",
+                 0.9))
     x, w = f32(16, 128, 384), f32(384, 1536)
     add(Case("matmul", "[16,128,384]@[384,1536]", "float32", prepared(K.matmul, x, w, out=np.empty((16, 128, 1536), np.float32)),
              lambda: x @ w, "x @ w"))  # fmt: skip
@@ -277,7 +281,8 @@ def scaling(quick: bool) -> dict[str, Any]:
     whole()
     two_threads()
     reps = 5 if quick else 11
-    one, two = [], []
+    one: list[float] = []
+    two: list[float] = []
     for i in range(reps):
         for fn, acc in ((whole, one), (two_threads, two)) if i % 2 == 0 else ((two_threads, two), (whole, one)):
             t0 = time.perf_counter()

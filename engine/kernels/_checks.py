@@ -34,7 +34,7 @@ def matmul(b: Binding) -> None:
     batch = broadcast_shapes(a[:-2], w[:-2])
     if batch is None:
         raise b.type_error(f"batch dims of argument 'a' {a} and argument 'b' {w} do not broadcast")
-    b.expect_shape("out", batch + (a[-2], n), why=f"a {a} @ b {w}{'^T' if tb else ''}")
+    b.expect_shape("out", batch + (a[-2], n), why=lambda: f"a {a} @ b {w}{'^T' if tb else ''}")
     if b["beta"] != 0.0:
         b.out_access = READWRITE
 
@@ -141,7 +141,7 @@ def attention(b: Binding) -> None:
     skv = k[-2]
     if v[:-2] != lead or v[-2] != skv:
         raise b.type_error(f"argument 'v' has shape {v}, expected {lead + (skv, 'Dv')} to match 'k' {k}")
-    b.expect_shape("out", q[:-1] + v[-1:], why=f"q {q} attends over v {v}")
+    b.expect_shape("out", q[:-1] + v[-1:], why=lambda: f"q {q} attends over v {v}")
     if b.get("mask") is not None:
         b.expect_dtype("mask", FLOATS)
         b.expect_broadcast("mask", lead + (sq, skv), target_desc="[..., Sq, Skv]")

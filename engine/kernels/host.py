@@ -67,7 +67,12 @@ def _wrap(x: Any) -> Any:
 
 def native_args(call: Call) -> list[tuple[np.ndarray, int, int]]:
     """The (buffer, dtype code, access) list call_kernel takes, for a call over HostArrays."""
-    return [(t.array, t.dtype.code, a) for t, a in zip(call.tensors, call.access)]
+    args = []
+    for name, t, a in zip(call.names, call.tensors, call.access):
+        if not isinstance(t, HostArray):
+            raise TypeError(f"{call.kernel.name}: argument '{name}' is a {type(t).__name__}, not host memory")
+        args.append((t.array, t.dtype.code, a))
+    return args
 
 
 def call(kernel: Kernel, *inputs: Any, out: Any = None, **scalars: Any) -> Call:

@@ -99,7 +99,7 @@ def _ref_unary(name: str, x: np.ndarray, **kw) -> np.ndarray:
     raise AssertionError(name)
 
 
-UNARY = [("relu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}), ("silu", {}), ("tanh", {}), ("exp", {}),
+UNARY: list[tuple[str, dict]] = [("relu", {}), ("gelu", {}), ("gelu", {"approximate": "tanh"}), ("silu", {}), ("tanh", {}), ("exp", {}),
          ("scale", {"alpha": -1.75})]
 
 
