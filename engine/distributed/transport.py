@@ -215,7 +215,9 @@ class ProcessTransport(Transport):
                     if j == i:
                         del conns[conn]
                 proc = self._procs[i]
-                proc.join(0)  # reaps it
+                # The sentinel fires as the process closes its fds, a moment before it can be
+                # reaped: wait for that moment so the exit code is known (and no zombie stays).
+                proc.join(5.0)
                 self._gone.add(i)
                 if not self._stopping:
                     on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 import engine
@@ -119,7 +121,7 @@ def pinned_wrong(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)))
 def slow(orch: dist.Orchestrator, y: Out((2,)), ns: Scalar(int)):
     """Each worker spins for ns nanoseconds (keeps runs in flight)."""
     for i in range(orch.workers):
-        orch.submit(spin, ns, y=y[i:i + 1], worker=i)
+        orch.submit(spin, y[i:i + 1], ns, worker=i)
 
 
 @dist.program
@@ -135,3 +137,18 @@ def fails_on_host(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
 
 def explode(a: np.ndarray) -> None:
     raise ValueError("callback exploded")
+
+
+@engine.host_kernel
+def _exit_process(a, out):
+    os._exit(3)  # a worker that crashes on its own
+
+
+@engine.program
+def crash(run: engine.Run, x: In(("B", D)), y: Out(("B", D))):
+    run.submit(_exit_process, x, out=y)
+
+
+@dist.program
+def crashes(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
+    orch.submit(crash, x, y, worker=0)

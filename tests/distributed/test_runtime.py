@@ -1,0 +1,219 @@
+"""The DistributedRuntime surface: failures, the memory handle, AsyncRuntime, cancellation, traces."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import numpy as np
+import pytest
+
+import engine
+import engine.distributed as dist
+from scheduler import AsyncRuntime
+from tests.distributed import programs as P
+from tests.distributed.conftest import randn
+
+B = 8
+
+
+@pytest.fixture(scope="module")
+def chain(prepare):
+    return prepare(P.chain, depth=2, bounds={"B": B}, callbacks={"double": P.double})
+
+
+@pytest.fixture(scope="module")
+def failing(prepare):
+    return prepare(P.fails_on_worker, depth=2, bounds={"B": B})
+
+
+@pytest.fixture(scope="module")
+def host_failing(prepare):
+    return prepare(P.fails_on_host, depth=2, bounds={"B": B}, callbacks={"explode": P.explode})
+
+
+@pytest.fixture(scope="module")
+def slow(prepare):
+    return prepare(P.slow, depth=2)
+
+
+# -- failures -------------------------------------------------------------------------------------------
+def test_a_failing_kernel_on_a_worker_fails_that_run_only(failing):
+    x = randn(np.random.default_rng(0), B, P.D)
+    h = failing.submit(x)
+    with pytest.raises(engine.KernelError) as info:
+        h.result(timeout=30)
+    err = info.value
+    assert err.run_id == h.id and err.task_index == 0
+    assert "failing on chip worker 1" in err.kernel and "boom in a host kernel" in err.message
+    assert not failing.broken
+    with pytest.raises(engine.KernelError):  # still usable, and fails the same way again
+        failing(x)
+    assert failing.memory_stats()["free_slots"] == 2
+
+
+def test_a_failing_host_callback_skips_what_follows_it(host_failing):
+    x = randn(np.random.default_rng(1), B, P.D)
+    y = np.full((B, P.D), -1.0, np.float32)
+    with pytest.raises(engine.KernelError, match="callback:explode.*ValueError: callback exploded"):
+        host_failing(x, y)
+    assert (y == -1.0).all()  # a failed run writes nothing back
+    assert not host_failing.broken
+
+
+def test_an_orchestration_error_leaves_no_trace(prepare):
+    @dist.program
+    def bad(orch, x: engine.In(("B", P.D)), y: engine.Out(("B", P.D))):
+        orch.submit(P.scale, x, y, 1.0, worker=0)
+        if not orch.planning:
+            raise KeyError("orchestration broke")
+
+    drt = prepare(bad, bounds={"B": B})
+    with pytest.raises(KeyError, match="orchestration broke"):
+        drt(np.zeros((B, P.D), np.float32))
+    assert drt.memory_stats()["free_slots"] == 2
+    assert not drt.broken
+
+
+def test_submission_errors_in_the_orchestration(prepare):
+    @dist.program(callbacks={"cb": ("in",)})
+    def misuse(orch, x: engine.In(("B", P.D)), y: engine.Out(("B", P.D)), case: engine.Scalar(int)):
+        if case == 1:
+            orch.submit(P.scale, x, y, 1.0, worker=2)
+        elif case == 2:
+            orch.submit(P.scale, np.zeros((B, P.D), np.float32), y, 1.0, worker=0)
+        elif case == 3:
+            orch.submit(P.unused, worker=0)
+        elif case == 4:
+            orch.submit_sub("nope", x)
+        elif case == 5:
+            orch.submit_sub("cb", x, y)
+        elif case == 6:
+            orch.submit(P.scale, x, worker=0, factor=1.0)
+        else:
+            orch.submit(P.scale, x, y, 1.0, worker=0)
+
+    drt = prepare(misuse, bounds={"B": B}, callbacks={"cb": lambda a: None})
+    x = np.ones((B, P.D), np.float32)
+    with pytest.raises(ValueError, match="worker 2 does not exist"):
+        drt(x, case=1)
+    with pytest.raises(TypeError, match="host array cannot go to a worker"):
+        drt(x, case=2)
+    with pytest.raises(ValueError, match="was not registered at prepare"):
+        drt(x, case=3)
+    with pytest.raises(ValueError, match="not a declared callback"):
+        drt(x, case=4)
+    with pytest.raises(TypeError, match="takes 1 tensors, got 2"):
+        drt(x, case=5)
+    with pytest.raises(TypeError, match="pass output 'y'"):
+        drt(x, case=6)
+    np.testing.assert_array_equal(drt(x, case=0), x)
+    assert drt.memory_stats()["free_slots"] == 2
+
+
+# -- the memory handle ----------------------------------------------------------------------------------------
+def test_memory_handle_with_worker_ids(chain):
+    drt = chain
+    assert isinstance(drt, engine.DeviceMemoryHandle)
+    before = [drt.memory_stats(worker_id=i)["live_allocations"] for i in range(2)]
+    buf = drt.malloc(64, worker_id=1)
+    assert buf.nbytes == 64
+    assert drt.memory_stats(worker_id=1)["live_allocations"] == before[1] + 1
+    assert drt.memory_stats(worker_id=0)["live_allocations"] == before[0]
+    src = np.arange(16, dtype=np.float32)
+    drt.copy_to(buf, src)
+    dst = np.zeros(16, np.float32)
+    drt.copy_from(dst, buf)
+    np.testing.assert_array_equal(dst, src)
+    drt.free(buf)
+    with pytest.raises(ValueError, match="already freed"):
+        drt.free(buf)
+    with pytest.raises(ValueError, match="worker_id 2 does not exist"):
+        drt.malloc(64, worker_id=2)
+
+    t = drt.alloc_tensor((4, 6), "float32", init=np.arange(24, dtype=np.float32).reshape(4, 6), worker_id=0)
+    np.testing.assert_array_equal(t[1:3, ::2].to_numpy(), np.arange(24, dtype=np.float32).reshape(4, 6)[1:3, ::2])
+    with pytest.raises(ValueError, match="freed with free_tensor"):
+        drt.free(engine.DeviceBuffer(t._alloc))
+    drt.free_tensor(t)
+    assert t.freed
+    with pytest.raises(ValueError, match="already freed"):
+        drt.free_tensor(t)
+    summed = drt.memory_stats()
+    assert summed["workers"] == 2 and summed["depth"] == 2
+    assert summed["live_allocations"] == sum(drt.memory_stats(worker_id=i)["live_allocations"] for i in range(2))
+
+
+def test_foreign_and_freed_tensors_are_rejected(prepare, chain):
+    acc_rt = prepare(P.accumulate, bounds={"B": 4})
+    foreign = chain.alloc_tensor((4, P.D), "float32", worker_id=0)
+    with pytest.raises(ValueError, match="another runtime"):
+        acc_rt(np.ones((4, P.D), np.float32), foreign, 0)
+    own = acc_rt.alloc_tensor((4, P.D), "float32", worker_id=0)
+    acc_rt.free_tensor(own)
+    with pytest.raises(ValueError, match="freed"):
+        acc_rt(np.ones((4, P.D), np.float32), own, 0)
+    chain.free_tensor(foreign)
+
+
+# -- async -------------------------------------------------------------------------------------------------------
+def test_async_runtime_works_unchanged(chain):
+    rng = np.random.default_rng(2)
+    xs = [randn(rng, B, P.D) for _ in range(16)]
+
+    async def main():
+        async with AsyncRuntime(chain) as art:
+            fut = await art.dispatch(xs[0])
+            first = await fut
+            called = await art.call(xs[1])
+            streamed = [y async for y in art.stream(xs)]
+            stats = art.stats()
+        return first, called, streamed, stats
+
+    first, called, streamed, stats = anyio.run(main)
+    np.testing.assert_allclose(first, xs[0] * 3.0, rtol=1e-6)
+    np.testing.assert_allclose(called, xs[1] * 3.0, rtol=1e-6)
+    assert len(streamed) == len(xs)
+    for x, y in zip(xs, streamed):
+        np.testing.assert_allclose(y, x * 3.0, rtol=1e-6)
+    assert stats.completed == 18 and stats.failed == 0 and stats.in_flight == 0
+    assert stats.device.samples == 18
+
+
+def test_async_failures_and_trio(failing):
+    x = np.ones((B, P.D), np.float32)
+
+    async def main():
+        async with AsyncRuntime(failing) as art:
+            with pytest.raises(engine.KernelError):
+                await art.call(x)
+            return art.stats()
+
+    for backend in ("asyncio", "trio"):
+        stats = anyio.run(main, backend=backend)
+        assert stats.failed == 1
+
+
+def test_cancel_skips_work_not_yet_sent(slow):
+    y = np.zeros(2, np.float32)
+    h1 = slow.submit(y, 300_000_000)  # both workers busy for 0.3 s
+    h2 = slow.submit(np.zeros(2, np.float32), 1)
+    assert h2.cancel() is True
+    with pytest.raises(engine.RunCancelledError):
+        h2.result(timeout=30)
+    np.testing.assert_array_equal(h1.result(timeout=30), np.ones(2, np.float32))
+    assert h1.cancel() is False  # already done
+
+
+def test_export_trace_has_a_track_per_worker_and_the_host(chain, tmp_path):
+    chain.set_tracing(True)
+    try:
+        for _ in range(3):
+            chain(np.ones((B, P.D), np.float32))
+        chain.export_trace(tmp_path / "trace.json")
+    finally:
+        chain.set_tracing(False)
+    trace = json.loads((tmp_path / "trace.json").read_text())["traceEvents"]
+    names = {(e["name"], e.get("tid")) for e in trace if e.get("ph") == "X"}
+    assert ("scale", 0) in names and ("scale", 1) in names and ("callback:double", -1) in names
+    assert any(name == "orchestration" for name, _ in names)
