@@ -69,7 +69,8 @@ TANDEM_KERNEL(attention) {
   const int64_t offset = len - sq;  // causal: query i sees keys [0, offset + i]
   const int64_t block = std::max<int64_t>(1, std::min<int64_t>(sq, kTileFloats / len));
   std::vector<float> scores(static_cast<size_t>(block * len)), inv(static_cast<size_t>(block));
-  std::vector<float> mbuf(static_cast<size_t>(len)), stage, pq, pk, pv;
+  std::vector<float> mbuf, stage, pq, pk, pv;  // staging and packing, only when needed
+  if (mask != nullptr && !ops::direct(mask->dtype, ms[nd - 1], len)) mbuf.resize(static_cast<size_t>(len));
   const int64_t q_rs = q.strides[nd - 2], q_cs = q.strides[nd - 1];
   const int64_t o_rs = out.strides[nd - 2], o_cs = out.strides[nd - 1];
   const bool out_direct = (dv <= 1 || o_cs == 1) && (sq <= 1 || (o_rs >= std::max<int64_t>(dv, 1) && blas::fits(o_rs)));

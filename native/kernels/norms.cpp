@@ -13,15 +13,11 @@ namespace tandem::kernels {
 
 namespace {
 
-// Per-call float32 row buffers, used only by rows that are not dense float32.
-struct RowBuffers {
-  explicit RowBuffers(int64_t n, int count) : data(static_cast<size_t>(n) * static_cast<size_t>(count)), n_(n) {}
-  float* operator[](int i) { return data.data() + static_cast<int64_t>(i) * n_; }
-  std::vector<float> data;
-
- private:
-  int64_t n_;
-};
+// A float32 row buffer for a run, allocated only when the run is not dense
+// float32 (a dense run is read and written in place).
+std::vector<float> staging(int32_t dtype, int64_t stride, int64_t n) {
+  return ops::direct(dtype, stride, n) ? std::vector<float>() : std::vector<float>(static_cast<size_t>(n));
+}
 
 bool rows_match(const td_tensor& x, const td_tensor& out) { return same_shape(x, out) && x.ndim >= 1; }
 
@@ -34,11 +30,6 @@ Walker row_walker(const td_tensor& x, const td_tensor& out, const int64_t* third
   if (third_lead != nullptr) w.add(third_lead);
   w.simplify();
   return w;
-}
-
-// Loads a per-feature vector (gamma, beta) of n elements as float32.
-const float* feature_vector(const td_tensor& t, int64_t n, float* buf) {
-  return ops::view(t.data, t.dtype, t.strides[0], n, buf);
 }
 
 }  // namespace
@@ -65,13 +56,14 @@ TANDEM_KERNEL(softmax) {
   }
   Walker w = row_walker(x, out, mask != nullptr ? mstr : nullptr);
   const int64_t sx = x.strides[nd - 1], so = out.strides[nd - 1], sm = mstr[nd - 1];
-  RowBuffers buf(n, 3);
+  std::vector<float> xbuf = staging(x.dtype, sx, n), obuf = staging(out.dtype, so, n);
+  std::vector<float> mbuf = mask != nullptr ? staging(mask->dtype, sm, n) : std::vector<float>();
+  const bool od = ops::direct(out.dtype, so, n);
   constexpr float kNegInf = -std::numeric_limits<float>::infinity();
   w.for_each([&](const int64_t* off) {
-    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, buf[0]);
-    const float* mr = mask != nullptr ? ops::view(elem_ptr(*mask, off[2]), mask->dtype, sm, n, buf[1]) : nullptr;
-    const bool od = ops::direct(out.dtype, so, n);
-    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : buf[2];
+    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, xbuf.data());
+    const float* mr = mask != nullptr ? ops::view(elem_ptr(*mask, off[2]), mask->dtype, sm, n, mbuf.data()) : nullptr;
+    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : obuf.data();
     // Plain softmax reads x twice (max, then exp and sum); scale or mask
     // first materialise the shifted scores in the output row.
     const bool plain = mr == nullptr && scale == 1.0f;
@@ -101,15 +93,16 @@ TANDEM_KERNEL(layernorm) {
   const int64_t n = x.shape[x.ndim - 1];
   if (g.ndim != 1 || g.shape[0] != n || b.ndim != 1 || b.shape[0] != n)
     return fail(err, err_len, "layernorm: gamma and beta must have shape (%lld,)", static_cast<long long>(n));
-  RowBuffers buf(n, 4);
-  const float* gv = feature_vector(g, n, buf[2]);
-  const float* bv = feature_vector(b, n, buf[3]);
+  std::vector<float> gbuf = staging(g.dtype, g.strides[0], n), bbuf = staging(b.dtype, b.strides[0], n);
+  const float* gv = ops::view(g.data, g.dtype, g.strides[0], n, gbuf.data());
+  const float* bv = ops::view(b.data, b.dtype, b.strides[0], n, bbuf.data());
   Walker w = row_walker(x, out, nullptr);
   const int64_t sx = x.strides[x.ndim - 1], so = out.strides[out.ndim - 1];
+  std::vector<float> xbuf = staging(x.dtype, sx, n), obuf = staging(out.dtype, so, n);
+  const bool od = ops::direct(out.dtype, so, n);
   w.for_each([&](const int64_t* off) {
-    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, buf[0]);
-    const bool od = ops::direct(out.dtype, so, n);
-    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : buf[1];
+    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, xbuf.data());
+    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : obuf.data();
     const double mean = ops::sum(xr, n) / static_cast<double>(n);
     const double var = ops::sum_sq_dev(xr, n, static_cast<float>(mean)) / static_cast<double>(n);
     const float rstd = static_cast<float>(1.0 / std::sqrt(var + eps));
@@ -132,14 +125,15 @@ TANDEM_KERNEL(rmsnorm) {
   const int64_t n = x.shape[x.ndim - 1];
   if (g.ndim != 1 || g.shape[0] != n)
     return fail(err, err_len, "rmsnorm: gamma must have shape (%lld,)", static_cast<long long>(n));
-  RowBuffers buf(n, 3);
-  const float* gv = feature_vector(g, n, buf[2]);
+  std::vector<float> gbuf = staging(g.dtype, g.strides[0], n);
+  const float* gv = ops::view(g.data, g.dtype, g.strides[0], n, gbuf.data());
   Walker w = row_walker(x, out, nullptr);
   const int64_t sx = x.strides[x.ndim - 1], so = out.strides[out.ndim - 1];
+  std::vector<float> xbuf = staging(x.dtype, sx, n), obuf = staging(out.dtype, so, n);
+  const bool od = ops::direct(out.dtype, so, n);
   w.for_each([&](const int64_t* off) {
-    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, buf[0]);
-    const bool od = ops::direct(out.dtype, so, n);
-    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : buf[1];
+    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, xbuf.data());
+    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : obuf.data();
     const double ms = ops::sum_sq(xr, n) / static_cast<double>(n);
     const float rstd = static_cast<float>(1.0 / std::sqrt(ms + eps));
     ops::norm_affine(xr, gv, nullptr, 0.0f, rstd, orow, n);
@@ -158,13 +152,13 @@ TANDEM_KERNEL(l2_normalize) {
     return fail(err, err_len, "l2_normalize: x and out must share one float dtype");
   if (!rows_match(x, out)) return fail(err, err_len, "l2_normalize: out must have the shape of x (at least 1-d)");
   const int64_t n = x.shape[x.ndim - 1];
-  RowBuffers buf(n, 2);
   Walker w = row_walker(x, out, nullptr);
   const int64_t sx = x.strides[x.ndim - 1], so = out.strides[out.ndim - 1];
+  std::vector<float> xbuf = staging(x.dtype, sx, n), obuf = staging(out.dtype, so, n);
+  const bool od = ops::direct(out.dtype, so, n);
   w.for_each([&](const int64_t* off) {
-    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, buf[0]);
-    const bool od = ops::direct(out.dtype, so, n);
-    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : buf[1];
+    const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, xbuf.data());
+    float* orow = od ? reinterpret_cast<float*>(elem_ptr(out, off[1])) : obuf.data();
     const double norm = std::sqrt(ops::sum_sq(xr, n));
     ops::mul_s(xr, static_cast<float>(1.0 / (norm > eps ? norm : eps)), orow, n);
     if (!od) ops::store(orow, elem_ptr(out, off[1]), out.dtype, so, n);

@@ -47,7 +47,8 @@ int reduce(const char* name, Red op, const td_args* args, char* err, size_t err_
   w.add(x.strides);
   w.add(out.strides);
   w.simplify();
-  std::vector<float> buf(static_cast<size_t>(n));
+  // Staging only for rows that are not dense float32.
+  std::vector<float> buf = ops::direct(x.dtype, sx, n) ? std::vector<float>() : std::vector<float>(static_cast<size_t>(n));
   w.for_each([&](const int64_t* off) {
     const float* xr = ops::view(elem_ptr(x, off[0]), x.dtype, sx, n, buf.data());
     float v = 0.0f;
@@ -95,7 +96,8 @@ TANDEM_KERNEL(mean_pool) {
   w.add(mask.strides);
   w.add(out.strides);
   w.simplify();
-  std::vector<float> acc(static_cast<size_t>(dim)), xbuf(static_cast<size_t>(dim));
+  std::vector<float> acc(static_cast<size_t>(dim));
+  std::vector<float> xbuf = ops::direct(x.dtype, xs_d, dim) ? std::vector<float>() : std::vector<float>(static_cast<size_t>(dim));
   const int64_t esz = static_cast<int64_t>(td_dtype_size(x.dtype));
   w.for_each([&](const int64_t* off) {
     std::fill(acc.begin(), acc.end(), 0.0f);
