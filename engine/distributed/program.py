@@ -136,6 +136,9 @@ def _parse_signature(fn: Callable[..., Any], name: str) -> tuple[Param, ...]:
         if p.default is not p.empty:
             raise TypeError(f"distributed program {name}: parameter '{p.name}': defaults are not allowed")
         spec = hints.get(p.name, p.annotation)
+        if spec is p.empty:
+            raise TypeError(f"distributed program {name}: parameter '{p.name}' needs an annotation: In, Out, "
+                            "InOut, PerWorker or Scalar")
         if spec is Scalar:
             spec = Scalar()
         if not isinstance(spec, (TensorSpec, Scalar, PerWorker)):
