@@ -67,10 +67,9 @@ async def test_requests_share_a_run_and_each_gets_its_own_rows():
         async def ask(name: str, *ids: int) -> None:
             got[name] = await batcher.embed(toks(*ids))
 
-        tg.start_soon(ask, "a", 1, 2)
-        tg.start_soon(ask, "b", 3)
-        tg.start_soon(ask, "c", 4)  # the fourth text fills the run: out it goes
-        await anyio.wait_all_tasks_blocked()
+        for name, ids in (("a", (1, 2)), ("b", (3,)), ("c", (4,))):  # the fourth text fills the run
+            tg.start_soon(ask, name, *ids)
+            await anyio.wait_all_tasks_blocked()  # arrivals in this order (trio starts tasks in any order)
         assert [r.tokens for r in enc.runs] == [[1, 2, 3, 4]]
         enc.runs[0].release()
         await anyio.wait_all_tasks_blocked()
@@ -85,7 +84,7 @@ async def test_a_request_never_straddles_two_runs():
         batcher = await start(tg, enc, 0.0)
         for ids in ((1, 2, 3), (4, 5, 6)):
             tg.start_soon(batcher.embed, toks(*ids))
-        await anyio.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
         assert [r.tokens for r in enc.runs] == [[1, 2, 3], [4, 5, 6]]
         for r in enc.runs:
             r.release()
@@ -101,7 +100,7 @@ async def test_at_most_depth_runs_in_flight_and_the_waiting_requests_go_out_toge
         await anyio.wait_all_tasks_blocked()
         for i in (2, 3, 4):
             tg.start_soon(batcher.embed, toks(i))
-        await anyio.wait_all_tasks_blocked()
+            await anyio.wait_all_tasks_blocked()
         assert len(enc.runs) == 1  # the device is busy: the rest wait, and gather
         enc.runs[0].release()
         await anyio.wait_all_tasks_blocked()
