@@ -20,6 +20,7 @@ namespace tandem::kernels {
 
 namespace {
 constexpr int64_t kTileFloats = 32768;  // score tile budget: 128 KiB
+constexpr int64_t kCausalBlock = 32;    // query rows per causal block
 }
 
 TANDEM_KERNEL(attention) {
@@ -67,7 +68,10 @@ TANDEM_KERNEL(attention) {
   if (numel(out) == 0) return 0;
 
   const int64_t offset = len - sq;  // causal: query i sees keys [0, offset + i]
-  const int64_t block = std::max<int64_t>(1, std::min<int64_t>(sq, kTileFloats / len));
+  // Causal blocks stop at their last visible key, so smaller blocks skip more
+  // of the masked triangle.
+  const int64_t budget = std::max<int64_t>(1, kTileFloats / len);
+  const int64_t block = std::min<int64_t>(sq, causal ? std::min<int64_t>(budget, kCausalBlock) : budget);
   std::vector<float> scores(static_cast<size_t>(block * len)), inv(static_cast<size_t>(block));
   std::vector<float> mbuf, stage, pq, pk, pv;  // staging and packing, only when needed
   if (mask != nullptr && !ops::direct(mask->dtype, ms[nd - 1], len)) mbuf.resize(static_cast<size_t>(len));
