@@ -2,10 +2,14 @@
 
 Conventions: input tensors positional, the written tensor as ``out=``, scalars
 (and the optional ``mask``) as keywords. Reductions and normalisations work
-over the last axis; every kernel accepts strided views. Dtypes: float32
-everywhere; float16 and bfloat16 storage (float32 math) for matmul, the
-elementwise kernels, softmax, the norms, the reductions, mean_pool, cast and
-copy; int32/int64 ids and argmax indices.
+over the last axis; every kernel accepts strided views (negative strides too)
+and leading batch dims. Dtypes: float32 everywhere; float16 and bfloat16
+storage (float32 math) for matmul, the elementwise kernels, softmax, the norms,
+the reductions and mean_pool; cast converts between all six dtypes; copy,
+fill, transpose and embedding's table take any dtype; int32/int64 ids and
+argmax indices. Elementwise kernels and the row kernels may write in place
+(``out`` the same view as their input); nothing else may write into memory it
+reads.
 """
 
 from __future__ import annotations
@@ -50,7 +54,9 @@ def _unary(name: str, doc: str, **scalars: Param) -> Kernel:
 scale = _unary("scale", "out = alpha * x.", alpha=Param(float))
 relu = _unary("relu", "out = max(x, 0).")
 gelu = _unary(
-    "gelu", "GELU: exact (erf) by default, or the tanh approximation.", approximate=Param(("none", "tanh"), "none")
+    "gelu",
+    "GELU: exact 0.5 x (1 + erf(x / sqrt 2)) by default (as torch computes it), or the tanh approximation.",
+    approximate=Param(("none", "tanh"), "none"),
 )
 silu = _unary("silu", "out = x * sigmoid(x).")
 tanh = _unary("tanh", "out = tanh(x).")
