@@ -14,7 +14,10 @@
 #include <cstring>
 
 // AVX-512 / AVX2+FMA / baseline variants, picked by the CPU at load time.
+// (Defining TD_CLONES empty builds the baseline alone, to check it.)
+#ifndef TD_CLONES
 #define TD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 #define TD_INLINE inline __attribute__((always_inline))
 
