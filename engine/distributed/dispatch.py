@@ -292,5 +292,6 @@ def _run_error(sub: Submission, error: BaseException) -> BaseException:
     where = f"{sub.name} on chip worker {sub.worker}"
     if isinstance(error, KernelError):
         return KernelError(sub.run.id, sub.index, f"{where}: {error.kernel}", error.message)
-    error.add_note(f"(raised by {where}, run {sub.run.id}, submission {sub.index})")
+    if hasattr(error, "add_note"):  # Python 3.11+
+        error.add_note(f"(raised by {where}, run {sub.run.id}, submission {sub.index})")
     return error

@@ -19,7 +19,16 @@ import traceback
 from typing import Any, NamedTuple
 
 __all__ = ["ProgramSpec", "RegionSpec", "Setup", "Ready", "SetupFailed", "Call", "Done", "MemoryOp", "Result",
-           "Stop", "portable_error"]
+           "Stop", "portable_error", "encode", "decode"]
+
+
+def encode(msg: Any) -> bytes:
+    """One message as bytes. Plain pickle: multiprocessing's Connection.send uses ForkingPickler,
+    which copies its reducer table for every message (a measurable share of a small run)."""
+    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+
+
+decode = pickle.loads
 
 
 class ProgramSpec(NamedTuple):

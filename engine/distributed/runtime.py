@@ -22,6 +22,7 @@ import inspect
 import itertools
 import os
 import threading
+import weakref
 from types import SimpleNamespace
 from typing import Any, Callable, Mapping, Sequence
 
@@ -115,6 +116,8 @@ class DistributedRuntime(DeviceMemoryHandle):
         self._slot_list: list[SharedSlot] = []
         self._dispatcher: Dispatcher | None = None
         self._transport = transport if transport is not None else ProcessTransport(workers, start_method)
+        # Workers and shared memory go with the runtime even if close() is never called (GC or exit).
+        self._finalizer = weakref.finalize(self, self._transport.stop)
         self.pids: list[int] = []
         try:
             regions = [self._transport.create_region(self._layout.nbytes) for _ in range(self.depth)]

@@ -29,6 +29,7 @@ import abc
 import multiprocessing
 import os
 import secrets
+import selectors
 import signal
 import threading
 import time
@@ -37,7 +38,7 @@ from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Callable, Sequence
 
 from engine.distributed.errors import WorkerDiedError
-from engine.distributed.protocol import Ready, Setup, SetupFailed, Stop
+from engine.distributed.protocol import Ready, Setup, SetupFailed, Stop, decode, encode
 
 __all__ = ["Region", "Transport", "ProcessTransport", "OnMessage", "OnExit", "describe_exit"]
 
@@ -159,7 +160,7 @@ class ProcessTransport(Transport):
             self._send_locks.append(threading.Lock())
             proc.start()
             child.close()
-            parent.send(setup)  # read once the worker has imported the engine: all start in parallel
+            parent.send_bytes(encode(setup))  # read once the worker has imported the engine: all start in parallel
         readies = [self._await_ready(i, deadline, timeout) for i in range(len(setups))]
         self._thread = threading.Thread(target=self._receive, args=(on_message, on_exit),
                                         name="tandem-transport", daemon=True)
@@ -171,7 +172,7 @@ class ProcessTransport(Transport):
         ready = connection.wait([conn, proc.sentinel], timeout=max(0.0, deadline - time.monotonic()))
         if conn in ready:
             try:
-                msg = conn.recv()
+                msg = decode(conn.recv_bytes())
             except (EOFError, OSError):
                 msg = None
             if isinstance(msg, Ready):
@@ -185,46 +186,53 @@ class ProcessTransport(Transport):
 
     def _receive(self, on_message: OnMessage, on_exit: OnExit) -> None:
         """The receiving thread: every reply in order, then each worker's exit."""
-        conns = {conn: i for i, conn in enumerate(self._conns)}
-        sentinels = {proc.sentinel: i for i, proc in enumerate(self._procs)}
-        while True:
-            ready = connection.wait([*conns, *sentinels, self._wake_r])
-            if self._wake_r in ready:
-                os.read(self._wake_r, 64)
-                if self._stopping:
-                    return
-            for obj in ready:
-                i = conns.get(obj) if isinstance(obj, connection.Connection) else None
-                if i is None:
-                    continue
-                try:
-                    while obj.poll():
-                        msg = obj.recv()
-                        on_message(i, msg)
-                except (EOFError, OSError):
-                    del conns[obj]  # hung up: its sentinel reports the exit
-                except BaseException as e:  # a reply the host cannot take: never leave runs hanging
-                    del conns[obj]
+        sel = selectors.DefaultSelector()  # registered once: a wake-up costs one poll, not a new selector
+        for i, conn in enumerate(self._conns):
+            sel.register(conn, selectors.EVENT_READ, (False, i))
+        for i, proc in enumerate(self._procs):
+            sel.register(proc.sentinel, selectors.EVENT_READ, (True, i))
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        try:
+            while True:
+                exits = []
+                for key, _ in sel.select():
+                    if key.data is None:
+                        os.read(self._wake_r, 64)
+                        if self._stopping:
+                            return
+                        continue
+                    is_exit, i = key.data
+                    if is_exit:
+                        exits.append((key.fileobj, i))
+                        continue
+                    conn: Any = key.fileobj
+                    try:
+                        while conn.poll():
+                            on_message(i, decode(conn.recv_bytes()))
+                    except (EOFError, OSError):
+                        sel.unregister(conn)  # hung up: its sentinel reports the exit
+                    except BaseException as e:  # a reply the host cannot take: never leave runs hanging
+                        sel.unregister(conn)
+                        self._gone.add(i)
+                        on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
+                for sentinel, i in exits:  # after the replies that came with the exit
+                    sel.unregister(sentinel)
+                    if _registered(sel, self._conns[i]):
+                        sel.unregister(self._conns[i])
+                    proc = self._procs[i]
+                    # The sentinel fires as the process closes its fds, a moment before it can be
+                    # reaped: wait for that moment so the exit code is known (and no zombie stays).
+                    proc.join(5.0)
                     self._gone.add(i)
-                    on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
-            for obj in ready:
-                i = sentinels.pop(obj, None) if isinstance(obj, int) else None
-                if i is None:
-                    continue
-                for conn, j in list(conns.items()):
-                    if j == i:
-                        del conns[conn]
-                proc = self._procs[i]
-                # The sentinel fires as the process closes its fds, a moment before it can be
-                # reaped: wait for that moment so the exit code is known (and no zombie stays).
-                proc.join(5.0)
-                self._gone.add(i)
-                if not self._stopping:
-                    on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
+                    if not self._stopping:
+                        on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
+        finally:
+            sel.close()
 
     def send(self, worker: int, message: Any) -> None:
+        data = encode(message)
         with self._send_locks[worker]:
-            self._conns[worker].send(message)
+            self._conns[worker].send_bytes(data)
 
     def alive(self, worker: int) -> bool:
         if self._stopped or worker in self._gone:
@@ -243,7 +251,7 @@ class ProcessTransport(Transport):
             for i, conn in enumerate(self._conns):
                 try:
                     with self._send_locks[i]:
-                        conn.send(Stop())
+                        conn.send_bytes(encode(Stop()))
                 except (OSError, ValueError):
                     pass
             deadline = time.monotonic() + timeout
@@ -269,6 +277,14 @@ class ProcessTransport(Transport):
                 region.destroy()
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+
+def _registered(sel: selectors.BaseSelector, fileobj: Any) -> bool:
+    try:
+        sel.get_key(fileobj)
+    except KeyError:
+        return False
+    return True
 
 
 def describe_exit(exitcode: int | None) -> str:

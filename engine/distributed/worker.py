@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import selectors
 import signal
 import time
 from multiprocessing import connection
@@ -26,7 +27,7 @@ import numpy as np
 
 from engine import _native
 from engine.distributed.protocol import (Call, Done, MemoryOp, ProgramSpec, Ready, RegionSpec, Result, Setup,
-                                         SetupFailed, Stop, portable_error)
+                                         SetupFailed, Stop, decode, encode, portable_error)
 from engine.dtypes import as_dtype
 from engine.errors import KernelError, RunCancelledError
 from engine.program import Program
@@ -44,13 +45,13 @@ def main(conn: connection.Connection) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when a worker stops
     host: ChipHost | None = None
     try:
-        setup = conn.recv()
+        setup = decode(conn.recv_bytes())
         assert isinstance(setup, Setup), f"expected Setup, got {type(setup).__name__}"
         host = ChipHost(setup)
-        conn.send(Ready(os.getpid(), host.workers, host.clock_offset_ns))
+        conn.send_bytes(encode(Ready(os.getpid(), host.workers, host.clock_offset_ns)))
     except BaseException as e:
         try:
-            conn.send(SetupFailed(portable_error(e)))
+            conn.send_bytes(encode(SetupFailed(portable_error(e))))
         except Exception:
             pass
         if host is not None:
@@ -65,22 +66,28 @@ def main(conn: connection.Connection) -> None:
 def serve(conn: connection.Connection, host: "ChipHost") -> None:
     """Requests in, completions out, until Stop or the host hangs up."""
     fd = host.notifier_fd
-    while True:
-        ready = connection.wait([conn, fd])
-        if fd in ready:
-            for done in host.completed():
-                conn.send(done)
-        if conn in ready:
-            try:
-                while conn.poll():
-                    msg = conn.recv()
-                    if isinstance(msg, Stop):
-                        return
-                    reply = host.handle(msg)
-                    if reply is not None:
-                        conn.send(reply)
-            except (EOFError, OSError):
-                return
+    sel = selectors.DefaultSelector()  # registered once: each wake-up is one poll
+    sel.register(conn, selectors.EVENT_READ)
+    sel.register(fd, selectors.EVENT_READ)
+    try:
+        while True:
+            for key, _ in sel.select():
+                if key.fileobj == fd:
+                    for done in host.completed():
+                        conn.send_bytes(encode(done))
+                    continue
+                try:
+                    while conn.poll():
+                        msg = decode(conn.recv_bytes())
+                        if isinstance(msg, Stop):
+                            return
+                        reply = host.handle(msg)
+                        if reply is not None:
+                            conn.send_bytes(encode(reply))
+                except (EOFError, OSError):
+                    return
+    finally:
+        sel.close()
 
 
 class _Prepared:

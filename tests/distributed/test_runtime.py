@@ -33,6 +33,11 @@ def host_failing(prepare):
 
 
 @pytest.fixture(scope="module")
+def limited(prepare):
+    return prepare(P.accumulate, bounds={"B": 4}, memory_limit=1 << 20)
+
+
+@pytest.fixture(scope="module")
 def slow(prepare):
     return prepare(P.slow, depth=2)
 
@@ -144,8 +149,8 @@ def test_memory_handle_with_worker_ids(chain):
     assert summed["live_allocations"] == sum(drt.memory_stats(worker_id=i)["live_allocations"] for i in range(2))
 
 
-def test_foreign_and_freed_tensors_are_rejected(prepare, chain):
-    acc_rt = prepare(P.accumulate, bounds={"B": 4})
+def test_foreign_and_freed_tensors_are_rejected(limited, chain):
+    acc_rt = limited
     foreign = chain.alloc_tensor((4, P.D), "float32", worker_id=0)
     with pytest.raises(ValueError, match="another runtime"):
         acc_rt(np.ones((4, P.D), np.float32), foreign, 0)
@@ -217,3 +222,11 @@ def test_export_trace_has_a_track_per_worker_and_the_host(chain, tmp_path):
     names = {(e["name"], e.get("tid")) for e in trace if e.get("ph") == "X"}
     assert ("scale", 0) in names and ("scale", 1) in names and ("callback:double", -1) in names
     assert any(name == "orchestration" for name, _ in names)
+
+
+def test_device_memory_errors_come_from_the_worker(limited):
+    drt = limited
+    with pytest.raises(engine.DeviceMemoryError):
+        drt.alloc_tensor((1 << 20,), "float32", worker_id=1)  # 4 MiB on a 1 MiB device
+    t = drt.alloc_tensor((1024,), "float32", worker_id=1)  # still usable
+    drt.free_tensor(t)

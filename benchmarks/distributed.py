@@ -1,0 +1,235 @@
+"""engine.distributed: per-run dispatch overhead across processes, and pipelining across workers.
+
+1. Dispatch overhead. A one-submission program (copy 16 floats on chip
+   worker 0) run back to back, against the floor of this machine measured
+   in the same process, interleaved rep by rep: a bare round trip to a
+   spawned process over the same primitives (write the input into shared
+   memory, a small pickled message through a pipe, the process copies in
+   shared memory and answers, read the output back). Reported as a ratio:
+   what binding, staging, orchestration, the dependency graph, the worker's
+   engine run and completion delivery add to the bare round trip.
+2. Pipelining. A data-parallel MLP (batch shards on 2 workers) streamed
+   through scheduler.AsyncRuntime at depth 1, 2 and 3 on one runtime:
+   throughput and speedup over depth 1, with the measured host
+   (orchestration) and worker (device) time per run.
+
+    python benchmarks/distributed.py [--quick] [--runs N] [--reps N] [--batch B] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import pickle
+import sys
+import time
+from multiprocessing.shared_memory import SharedMemory
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import anyio  # noqa: E402
+import numpy as np  # noqa: E402
+from _common import print_table, repeat, write_json  # noqa: E402
+
+import engine  # noqa: E402
+import engine.distributed as dist  # noqa: E402
+from engine import In, Out  # noqa: E402
+from engine import kernels as K  # noqa: E402
+from scheduler import AsyncRuntime  # noqa: E402
+
+N = 16  # floats per run in the overhead test
+D, H = 128, 512  # MLP widths in the pipelining test
+
+
+# -- programs (module level: chip workers import them from this script) -----------------------------
+@engine.program
+def copy16(run: engine.Run, x: In((N,)), y: Out((N,))):
+    run.submit(K.copy, x, out=y)
+
+
+@dist.program
+def one_copy(orch: dist.Orchestrator, x: In((N,)), y: Out((N,))):
+    orch.submit(copy16, x, y, worker=0)
+
+
+@engine.program
+def mlp_shard(run: engine.Run, x: In(("B", D)), w1: In((D, H)), w2: In((H, D)), y: Out(("B", D))):
+    h = run.scratch(("B", H), "float32")
+    run.submit(K.matmul, x, w1, out=h)
+    run.submit(K.gelu, h, out=h)
+    run.submit(K.matmul, h, w2, out=y)
+
+
+@dist.program
+def dp_mlp(orch: dist.Orchestrator, x: In(("B", D)), w1: dist.PerWorker(In((D, H))),
+           w2: dist.PerWorker(In((H, D))), y: Out(("B", D))):
+    for i, (xs, ys) in enumerate(zip(orch.split(x), orch.split(y))):
+        orch.submit(mlp_shard, xs, w1[i], w2[i], ys, worker=i)
+
+
+# -- the floor: a bare shared-memory + pipe round trip -------------------------------------------------
+def _bare_server(conn, name: str) -> None:
+    shm = SharedMemory(name=name)
+    x = np.ndarray((N,), np.float32, buffer=shm.buf, offset=0)
+    y = np.ndarray((N,), np.float32, buffer=shm.buf, offset=64)
+    try:
+        while True:
+            msg = pickle.loads(conn.recv_bytes())
+            if msg is None:
+                return
+            np.copyto(y, x)
+            conn.send_bytes(pickle.dumps(("done", msg[1])))
+    finally:
+        del x, y
+        shm.close()
+
+
+class BareRoundTrip:
+    """A spawned process that copies x to y in shared memory per message: the floor of one remote run."""
+
+    def __init__(self) -> None:
+        ctx = multiprocessing.get_context("spawn")
+        self.shm = SharedMemory(create=True, size=128)
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_bare_server, args=(child, self.shm.name), daemon=True)
+        self.proc.start()
+        child.close()
+        self.x = np.ndarray((N,), np.float32, buffer=self.shm.buf, offset=0)
+        self.y = np.ndarray((N,), np.float32, buffer=self.shm.buf, offset=64)
+
+    def __call__(self, x: np.ndarray, y: np.ndarray, seq: int) -> None:
+        np.copyto(self.x, x)
+        self.conn.send_bytes(pickle.dumps(("call", seq, 0, {}, (("s", 0, 0, (N,), (1,), "float32"),))))
+        pickle.loads(self.conn.recv_bytes())
+        np.copyto(y, self.y)
+
+    def close(self) -> None:
+        self.conn.send_bytes(pickle.dumps(None))
+        self.proc.join()
+        del self.x, self.y
+        self.shm.close()
+        self.shm.unlink()
+
+
+def per_run_seconds(fn, runs: int) -> float:
+    t0 = time.perf_counter()
+    for i in range(runs):
+        fn(i)
+    return (time.perf_counter() - t0) / runs
+
+
+def overhead(runs: int, reps: int) -> tuple[list[list], dict]:
+    x = np.arange(N, dtype=np.float32)
+    y = np.zeros(N, np.float32)
+    bare = BareRoundTrip()
+    drt = one_copy.prepare(workers=1, worker_threads=1, depth=2)
+    try:
+        np.testing.assert_array_equal(drt(x), x)
+
+        async def async_per_run() -> float:
+            async with AsyncRuntime(drt) as art:
+                for _ in range(runs // 10):
+                    await art.call(x, y)
+                t0 = time.perf_counter()
+                for _ in range(runs):
+                    await art.call(x, y)
+                return (time.perf_counter() - t0) / runs
+
+        samples: dict[str, list[float]] = {"bare": [], "sync": [], "async": []}
+
+        def one_rep() -> float:  # interleaved: the three see the same machine state
+            samples["bare"].append(per_run_seconds(lambda i: bare(x, y, i), runs))
+            samples["sync"].append(per_run_seconds(lambda i: drt(x, y), runs))
+            samples["async"].append(anyio.run(async_per_run))
+            return samples["sync"][-1] / samples["bare"][-1]
+
+        sync_ratio = repeat(one_rep, reps)
+        async_ratios = [a / b for a, b in zip(samples["async"], samples["bare"])][-reps:]
+    finally:
+        drt.close()
+        bare.close()
+    med = {k: float(np.median(v[-reps:])) for k, v in samples.items()}
+    async_ratio = float(np.median(async_ratios))
+    rows = [
+        ["bare shm + pipe round trip", med["bare"] * 1e6, 1.0],
+        ["drt(x) (sync)", med["sync"] * 1e6, sync_ratio["median"]],
+        ["await art.call(x)", med["async"] * 1e6, async_ratio],
+    ]
+    figures = {"runs": runs, "reps": reps, "bare_us": med["bare"] * 1e6, "sync_us": med["sync"] * 1e6,
+               "async_us": med["async"] * 1e6, "sync_over_bare": sync_ratio, "async_over_bare": async_ratio}
+    return rows, figures
+
+
+def pipelining(runs: int, reps: int, batch: int) -> tuple[list[list], dict]:
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((D, H)) * 0.05).astype(np.float32)
+    w2 = (rng.standard_normal((H, D)) * 0.05).astype(np.float32)
+    xs = [rng.standard_normal((batch, D)).astype(np.float32) for _ in range(8)]
+    drt = dp_mlp.prepare(workers=2, worker_threads=1, depth=3, bounds={"B": batch})
+    try:
+        w1s = [drt.alloc_tensor((D, H), init=w1, worker_id=i) for i in range(2)]
+        w2s = [drt.alloc_tensor((H, D), init=w2, worker_id=i) for i in range(2)]
+        outs = [np.empty((batch, D), np.float32) for _ in range(3)]
+
+        async def stream(depth: int) -> tuple[float, float, float]:
+            items = [(xs[i % len(xs)], w1s, w2s, outs[i % 3]) for i in range(runs)]
+            async with AsyncRuntime(drt) as art:
+                t0 = time.perf_counter()
+                async for _ in art.stream(items, depth=depth):
+                    pass
+                rate = runs / (time.perf_counter() - t0)
+                s = art.stats()
+            return rate, s.orchestration.p50, s.device.p50
+
+        results: dict[int, list[tuple[float, float, float]]] = {1: [], 2: [], 3: []}
+
+        def one_rep() -> float:
+            for depth in (1, 2, 3):
+                results[depth].append(anyio.run(stream, depth))
+            return results[2][-1][0] / results[1][-1][0]
+
+        speedup2 = repeat(one_rep, reps)
+    finally:
+        drt.close()
+    rows, figures = [], {"batch": batch, "width": D, "hidden": H, "runs": runs, "reps": reps, "depths": []}
+    base = float(np.median([r[0] for r in results[1][-reps:]]))
+    for depth in (1, 2, 3):
+        rates = [r[0] for r in results[depth][-reps:]]
+        rate = float(np.median(rates))
+        speedups = [r[0] / b[0] for r, b in zip(results[depth][-reps:], results[1][-reps:])]
+        host = float(np.median([r[1] for r in results[depth][-reps:]]))
+        device = float(np.median([r[2] for r in results[depth][-reps:]]))
+        figures["depths"].append({"depth": depth, "runs_per_s": rate, "speedup_over_depth1": float(np.median(speedups)),
+                                  "host_ms_p50": host * 1e3, "device_ms_p50": device * 1e3})
+        rows.append([depth, rate, float(np.median(speedups)), host * 1e3, device * 1e3])
+    figures["speedup_depth2"] = speedup2
+    figures["depth1_runs_per_s"] = base
+    return rows, figures
+
+
+def main(argv: list[str] | None = None) -> dict:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="fewer runs and repetitions")
+    ap.add_argument("--runs", type=int, default=None, help="runs per measurement")
+    ap.add_argument("--reps", type=int, default=None, help="repetitions (medians are reported)")
+    ap.add_argument("--batch", type=int, default=64, help="MLP batch in the pipelining test (split over 2 workers)")
+    ap.add_argument("--json", default=None, help="where to write the JSON figures")
+    args = ap.parse_args(argv)
+    runs = args.runs or (100 if args.quick else 1000)
+    reps = args.reps or (2 if args.quick else 5)
+
+    rows, over = overhead(runs, reps)
+    print(f"Per-run dispatch overhead, 1 chip worker, {runs} runs x {reps} reps (medians, interleaved):")
+    print_table(["path", "us per run", "over bare"], rows)
+    print()
+    prow, pipe = pipelining(max(40, runs // 4), reps, args.batch)
+    print(f"Data-parallel MLP B={args.batch} ({D}->{H}->{D}) on 2 chip workers x 1 thread, AsyncRuntime.stream:")
+    print_table(["depth", "runs/s", "over depth 1", "host ms p50", "worker ms p50"], prow)
+    out = write_json("distributed", {"overhead": over, "pipelining": pipe}, args.json)
+    print(f"wrote {out}")
+    return {"overhead": over, "pipelining": pipe}
+
+
+if __name__ == "__main__":
+    main()
