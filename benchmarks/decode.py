@@ -29,6 +29,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 import sys
 import time
@@ -197,7 +198,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     weights = init_weights(cfg, args.seed)
     vocab = ToyVocab(cfg.vocab, args.seed)
 
+    load_before = os.getloadavg()[0]
     by_depth, speedup_reps, same = measure(cfg, weights, vocab, args.workers, prompts, n, reps)
+    load_after = os.getloadavg()[0]
     if not same:
         raise SystemExit("FAILED: depth 1 and depth 2 streamed different tokens")
 
@@ -216,10 +219,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "bound_tokens_per_s": bound,
         "serial_tokens_per_s": serial,
         "overlap_figure": overlap,
+        # Pipelining needs a core for the device worker next to the host thread: load from
+        # other processes on a small machine shrinks depth 2's advantage.
+        "load_average_1m": {"before": load_before, "after": load_after},
     }
 
     print(f"decoder {cfg.n_layers} layers x {cfg.d_model}, vocab {cfg.vocab}; {n_prompts} stream(s) of "
-          f"{n} tokens after a {args.prompt_len}-token prompt, {reps} reps, {args.workers} device worker(s)")
+          f"{n} tokens after a {args.prompt_len}-token prompt, {reps} reps, {args.workers} device worker(s); "
+          f"{os.cpu_count()} cores, 1-min load average {load_before:.1f} before, {load_after:.1f} after")
     rows = [[d["depth"], d["tokens_per_s"]["median"], d["tokens_per_s"]["min"], d["tokens_per_s"]["max"],
              d["t_host_ms"], d["t_device_ms"], d["orchestration_ms_p50"], d["host_step_us_p50"]] for d in (d1, d2)]
     print_table(["depth", "tokens/s", "min", "max", "T_host ms", "T_device ms", "orchestration ms",
