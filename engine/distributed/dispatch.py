@@ -260,6 +260,14 @@ class Dispatcher:
             if self._broken is not None:
                 raise self._broken
 
+    def take_events(self) -> list[tuple[int, int, int, int, int, str, bool]]:
+        """The submission events recorded so far (tracing), and a fresh record."""
+        with self._lock:
+            events = self.events or []
+            if self.events is not None:
+                self.events = []
+        return events
+
     # -- sending -------------------------------------------------------------------------------------
     def _flush(self) -> None:
         for w, box in enumerate(self._outboxes):

@@ -22,6 +22,7 @@ from engine.specs import In, InOut, Out, Scalar, TensorSpec
 
 if TYPE_CHECKING:
     from engine.distributed.runtime import DistributedRuntime
+    from engine.distributed.transport import Transport
 
 __all__ = ["DistributedProgram", "PerWorker", "program", "READ", "WRITE", "READWRITE"]
 
@@ -73,14 +74,16 @@ class DistributedProgram:
     def prepare(self, *, workers: int, depth: int = 2, bounds: Mapping[str, int] | None = None,
                 callbacks: Mapping[str, Callable[..., Any]] | None = None, worker_threads: int | None = None,
                 memory_limit: int | None = None, scratch_bytes: int | None = None, start_method: str = "spawn",
-                startup_timeout: float = 60.0) -> "DistributedRuntime":
+                startup_timeout: float = 60.0, transport: "Transport | None" = None) -> "DistributedRuntime":
         """Starts `workers` chip-worker processes once, registers every sub-program, returns the runtime.
 
         worker_threads: pool threads per worker (default: the cores divided
         among the workers). memory_limit: device bytes per worker.
         scratch_bytes: shared scratch per slot for orch.scratch() (default:
         measured by a planning pass at the bounds). start_method: "spawn" or
-        "forkserver" (never fork: the host has threads). A failure at any
+        "forkserver" (never fork: the host has threads). transport: how
+        workers are reached (default: a ProcessTransport of `workers` local
+        processes started with start_method). A failure at any
         point of setup stops every process already started, removes the
         shared memory and re-raises the original error.
         """
@@ -89,7 +92,7 @@ class DistributedProgram:
         return DistributedRuntime(self, workers=workers, depth=depth, bounds=bounds, callbacks=callbacks,
                                   worker_threads=worker_threads, memory_limit=memory_limit,
                                   scratch_bytes=scratch_bytes, start_method=start_method,
-                                  startup_timeout=startup_timeout)
+                                  startup_timeout=startup_timeout, transport=transport)
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.name}: {p.spec!r}" for p in self.params)

@@ -117,7 +117,8 @@ class DistributedRuntime(DeviceMemoryHandle):
         self._dispatcher: Dispatcher | None = None
         self._transport = transport if transport is not None else ProcessTransport(workers, start_method)
         # Workers and shared memory go with the runtime even if close() is never called (GC or exit).
-        self._finalizer = weakref.finalize(self, self._transport.stop)
+        # The finalizer holds the runtime weakly: it must not keep it alive.
+        self._finalizer = weakref.finalize(self, _last_resort, weakref.ref(self), self._transport)
         self.pids: list[int] = []
         try:
             regions = [self._transport.create_region(self._layout.nbytes) for _ in range(self.depth)]
@@ -356,10 +357,7 @@ class DistributedRuntime(DeviceMemoryHandle):
         spans = self._host_spans or []
         if self._host_spans is not None:
             self._host_spans = []
-        events = self._dispatcher.events or []
-        if self._dispatcher.events is not None:
-            self._dispatcher.events = []
-        return spans, events
+        return spans, self._dispatcher.take_events()
 
     def export_trace(self, path: Any) -> None:
         """Writes the recorded trace as Chrome trace JSON: a device track per chip worker, "caller" for callbacks."""
@@ -574,12 +572,16 @@ class DistributedRuntime(DeviceMemoryHandle):
     def _teardown(self) -> None:
         if self._dispatcher is not None:
             self._dispatcher.close()  # the callback thread is done with the regions from here
-        for slot in self._slot_list:
-            slot.drop_views()
+        self._drop_views()
         for alloc in self._owned.values():
             alloc.freed = True
         self._owned.clear()
         self._transport.stop()
+
+    def _drop_views(self) -> None:
+        """Lets go of the host's views of the regions, so that stopping the transport can unmap them."""
+        for slot in self._slot_list:
+            slot.drop_views()
 
     def __enter__(self) -> "DistributedRuntime":
         return self
@@ -608,6 +610,14 @@ class DistributedRuntime(DeviceMemoryHandle):
 # (_bind, _try_admit, _launch, _abandon, _check_open, _engine, depth, tracing, close), so it is
 # registered as a virtual subclass and AsyncRuntime works over it unchanged.
 Runtime.register(DistributedRuntime)
+
+
+def _last_resort(ref: "weakref.ref[DistributedRuntime]", transport: Transport) -> None:
+    """A runtime never closed, at exit or when collected: stop its workers and remove its shared memory."""
+    rt = ref()
+    if rt is not None:
+        rt._drop_views()
+    transport.stop()
 
 
 def _host_array(x: Any, what: str) -> np.ndarray:

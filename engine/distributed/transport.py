@@ -95,6 +95,7 @@ class _SharedRegion(Region):
         self.name = shm.name
         self.size = shm.size
         self._shm: SharedMemory | None = shm
+        self._unlinked = False
 
     @property
     def buf(self) -> memoryview:
@@ -104,17 +105,22 @@ class _SharedRegion(Region):
         return buf
 
     def destroy(self) -> None:
-        shm, self._shm = self._shm, None
+        shm = self._shm
         if shm is None:
             return
-        try:
-            shm.unlink()  # first: the name goes even if a view still pins the mapping
-        except FileNotFoundError:
-            pass
+        if not self._unlinked:
+            self._unlinked = True
+            try:
+                shm.unlink()  # first: the name goes even if a view still pins the mapping
+            except FileNotFoundError:
+                pass
         try:
             shm.close()
-        except BufferError:  # a numpy view is still alive somewhere: the mapping goes with it
-            pass
+        except BufferError:
+            # A host view still pins the mapping (the runtime drops its views after this when it
+            # is being garbage collected). Keep the object: it unmaps itself once the views are gone.
+            return
+        self._shm = None
 
 
 class ProcessTransport(Transport):

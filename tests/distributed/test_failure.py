@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
 import signal
@@ -14,7 +15,7 @@ import engine
 import engine.distributed as dist
 from scheduler import AsyncRuntime
 from tests.distributed import programs as P
-from tests.distributed.conftest import THREADS, WORKERS, assert_cleaned_up, shm_present
+from tests.distributed.conftest import THREADS, WORKERS, assert_cleaned_up, assert_reaped, shm_present
 
 DETECT = 20.0  # seconds: the bound on noticing a dead worker (it is noticed at once: the process sentinel)
 
@@ -111,6 +112,16 @@ def test_close_drains_runs_in_flight():
         drt.submit(np.zeros(2, np.float32), 1)
     with pytest.raises(engine.ClosedError):
         drt.memory_stats()
+
+
+def test_a_runtime_never_closed_is_cleaned_up_when_collected():
+    drt = _slow()
+    drt(np.zeros(2, np.float32), 1)
+    pids, names = drt.pids, drt.shared_memory_names
+    del drt
+    gc.collect()
+    assert_reaped(pids)
+    assert shm_present(names) == []
 
 
 def test_context_manager_closes():
