@@ -31,7 +31,6 @@ import numpy as np
 from engine import _native
 from engine.binding import BoundCall, bind_call
 from engine.distributed.dispatch import Dispatcher
-from engine.distributed.errors import WorkerDiedError
 from engine.distributed.memory import SharedAllocation, WorkerAllocation, host_view
 from engine.distributed.notifier import CompletionEngine
 from engine.distributed.orchestrator import Orchestrator, Registry

@@ -6,7 +6,6 @@ import numpy as np
 import pytest
 import torch
 
-import engine
 from tests.distributed import programs as P
 from tests.distributed.conftest import mlp_reference, randn
 

@@ -1,0 +1,34 @@
+"""benchmarks/distributed.py runs in --quick mode and writes finite, positive figures (no timing thresholds)."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "distributed.py"
+
+
+def _positive(x: object) -> bool:
+    return isinstance(x, (int, float)) and math.isfinite(x) and x > 0
+
+
+def test_quick_benchmark(tmp_path):
+    out = tmp_path / "distributed.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--runs", "40", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["benchmark"] == "distributed"
+    over = data["figures"]["overhead"]
+    for key in ("bare_us", "sync_us", "async_us", "async_over_bare"):
+        assert _positive(over[key]), key
+    assert _positive(over["sync_over_bare"]["median"])
+    pipe = data["figures"]["pipelining"]
+    assert [d["depth"] for d in pipe["depths"]] == [1, 2, 3]
+    for d in pipe["depths"]:
+        assert _positive(d["runs_per_s"]) and _positive(d["speedup_over_depth1"])
+        assert _positive(d["host_ms_p50"]) and _positive(d["device_ms_p50"])
+    assert "over bare" in proc.stdout and "over depth 1" in proc.stdout
