@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import threading
 
 import anyio
 import numpy as np
@@ -230,3 +231,31 @@ def test_device_memory_errors_come_from_the_worker(limited):
         drt.alloc_tensor((1 << 20,), "float32", worker_id=1)  # 4 MiB on a 1 MiB device
     t = drt.alloc_tensor((1024,), "float32", worker_id=1)  # still usable
     drt.free_tensor(t)
+
+
+def test_orchestration_in_a_thread_and_concurrent_submitters(chain):
+    xs = [randn(np.random.default_rng(100 + i), B, P.D) for i in range(16)]
+
+    async def main():
+        async with AsyncRuntime(chain, orchestrate_in_thread=True) as art:
+            return [y async for y in art.stream(xs)]
+
+    for x, y in zip(xs, anyio.run(main)):
+        np.testing.assert_allclose(y, x * 3.0, rtol=1e-6)
+
+    errors: list[BaseException] = []
+
+    def submitter(k: int) -> None:
+        try:
+            for x in xs[k::4]:
+                np.testing.assert_allclose(chain(x), x * 3.0, rtol=1e-6)
+        except BaseException as e:  # reported below, on the test's thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=submitter, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert chain.memory_stats()["free_slots"] == 2
