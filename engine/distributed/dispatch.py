@@ -5,9 +5,11 @@ thread, and it completes runs. Its entry points run on whichever thread
 calls them: seal() and cancel() on the launching thread, on_message() and
 on_exit() on the transport's receiving thread, and callback completions on
 the callback thread. All state changes happen under one lock; messages
-leave through the outboxes after the lock is released (a worker whose pipe
-is full must never hold up the thread that reads its replies), in the order
-they were queued.
+leave through the outboxes after the lock is released, in the order they
+were queued. The thread that reads the replies never waits to send: a
+worker whose request pipe is full may be waiting for its own replies to be
+read. It sends what goes out at once and leaves the rest to a sender
+thread (started the first time it is needed).
 """
 
 from __future__ import annotations
@@ -54,6 +56,8 @@ class Dispatcher:
         self._host_thread = threading.Thread(target=self._serve_callbacks, name="tandem-host-callbacks",
                                              daemon=True)
         self._host_thread.start()
+        self._sender_queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._sender: threading.Thread | None = None
 
     @property
     def broken(self) -> WorkerDiedError | None:
@@ -182,7 +186,7 @@ class Dispatcher:
                 sub.start_ns, sub.end_ns = msg.first_start_ns, msg.last_end_ns
                 self._finish(sub, None if msg.error is None else _run_error(sub, msg.error), work)
                 self._advance(work)
-            self._flush()
+            self._flush(block=False)
         elif isinstance(msg, Result):
             with self._lock:
                 fut = self._rpcs.pop(msg.seq, None)
@@ -269,17 +273,44 @@ class Dispatcher:
         return events
 
     # -- sending -------------------------------------------------------------------------------------
-    def _flush(self) -> None:
+    def _flush(self, block: bool = True) -> None:
+        """Sends what the outboxes hold. block=False: on the replies' thread, which must not wait."""
         for w, box in enumerate(self._outboxes):
-            if not box:
-                continue
-            with self._flush_locks[w]:  # pops and sends are one step per worker: order is kept
-                while box:
-                    msg = box.popleft()
+            if box and not self._flush_worker(w, block):
+                self._hand_to_sender(w)
+
+    def _flush_worker(self, w: int, block: bool) -> bool:
+        """Sends worker w's outbox in order; False when something is left for a thread that may wait."""
+        box, lock = self._outboxes[w], self._flush_locks[w]
+        while box:  # again after releasing: another thread may have queued meanwhile
+            if not lock.acquire(blocking=block):
+                return True  # the holder sends it: it looks at the box again after releasing
+            try:
+                while box:  # popping and sending are one step per worker: order is kept
                     try:
-                        self._transport.send(w, msg)
+                        if not self._transport.send(w, box[0], block):
+                            return False
                     except (OSError, ValueError):
                         pass  # the worker is gone: on_exit fails what it held
+                    box.popleft()
+            finally:
+                lock.release()
+        return True
+
+    def _hand_to_sender(self, w: int) -> None:
+        with self._lock:
+            if self._sender is None and not self._closed:
+                self._sender = threading.Thread(target=self._send_waiting, name="tandem-sender", daemon=True)
+                self._sender.start()
+        self._sender_queue.put(w)
+
+    def _send_waiting(self) -> None:
+        """The sender thread: flushes outboxes that the replies' thread could not send without waiting."""
+        while True:
+            w = self._sender_queue.get()
+            if w is None:
+                return
+            self._flush_worker(w, True)
 
     def close(self) -> None:
         """Stops the callback thread (after the callback under way) and fails memory calls left."""
@@ -291,6 +322,9 @@ class Dispatcher:
         self._host_queue.put(None)
         if self._host_thread is not threading.current_thread():
             self._host_thread.join()
+        self._sender_queue.put(None)
+        if self._sender is not None and self._sender is not threading.current_thread():
+            self._sender.join()
         for fut in rpcs.values():
             fut.set_exception(ClosedError("the runtime is closed"))
 

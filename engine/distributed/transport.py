@@ -5,7 +5,8 @@ The orchestration layer (dispatch, runtime) only ever calls this interface:
     create_region(nbytes) -> Region   host memory the workers address (one per slot)
     start(setups, on_message, on_exit, timeout) -> [Ready]
                                       start one worker per Setup, wait until every one is ready
-    send(worker, message)             a protocol message to one worker (in order per worker)
+    send(worker, message, block)      a protocol message to one worker (in order per worker);
+                                      block=False sends only if that cannot wait
     alive(worker) -> bool             health
     stop(timeout)                     stop and reap every worker, remove every region
 
@@ -29,6 +30,7 @@ import abc
 import multiprocessing
 import os
 import secrets
+import select
 import selectors
 import signal
 import threading
@@ -77,8 +79,14 @@ class Transport(abc.ABC):
         """
 
     @abc.abstractmethod
-    def send(self, worker: int, message: Any) -> None:
-        """Sends one message; messages to one worker arrive in the order sent. OSError when it is gone."""
+    def send(self, worker: int, message: Any, block: bool = True) -> bool:
+        """Sends one message; messages to one worker arrive in the order sent. OSError when it is gone.
+
+        With block=False the message is sent only if that cannot wait for the
+        worker to read (the thread that reads the replies must never wait on
+        a worker that may itself be waiting for its replies to be read);
+        returns whether it was sent.
+        """
 
     @abc.abstractmethod
     def alive(self, worker: int) -> bool:
@@ -235,10 +243,17 @@ class ProcessTransport(Transport):
         finally:
             sel.close()
 
-    def send(self, worker: int, message: Any) -> None:
+    def send(self, worker: int, message: Any, block: bool = True) -> bool:
         data = encode(message)
+        conn = self._conns[worker]
         with self._send_locks[worker]:
-            self._conns[worker].send_bytes(data)
+            if not block:
+                # Writable means the socket's send buffer is at most a quarter full (AF_UNIX),
+                # so a message this small goes in without waiting for the worker.
+                if len(data) > _NONBLOCKING_MAX or not _writable(conn):
+                    return False
+            conn.send_bytes(data)
+        return True
 
     def alive(self, worker: int) -> bool:
         if self._stopped or worker in self._gone:
@@ -283,6 +298,15 @@ class ProcessTransport(Transport):
                 region.destroy()
             os.close(self._wake_r)
             os.close(self._wake_w)
+
+
+_NONBLOCKING_MAX = 16 << 10
+
+
+def _writable(conn: connection.Connection) -> bool:
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLOUT)
+    return bool(poller.poll(0))
 
 
 def _registered(sel: selectors.BaseSelector, fileobj: Any) -> bool:

@@ -152,3 +152,12 @@ def crash(run: engine.Run, x: In(("B", D)), y: Out(("B", D))):
 @dist.program
 def crashes(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
     orch.submit(crash, x, y, worker=0)
+
+
+@dist.program
+def fan_out(orch: dist.Orchestrator, x: In(("R", D)), y: Out(("R", D))):
+    """Worker 0 writes a; then one submission per row on worker 1 reads it: a reply releases them all at once."""
+    a = orch.scratch(("R", D), "float32")
+    orch.submit(scale, x, a, 2.0, worker=0)
+    for r in range(x.shape[0]):
+        orch.submit(scale, a[r:r + 1], y[r:r + 1], 0.5, worker=1)

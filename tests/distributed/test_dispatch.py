@@ -1,0 +1,101 @@
+"""The dispatcher's sending discipline: the replies' thread never waits to send, and order is kept."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.distributed.dispatch import Dispatcher
+from engine.distributed.graph import HOST, Submission
+from engine.distributed.protocol import Call, Done, Ready
+from engine.distributed.runs import RunRecord
+from engine.distributed.transport import Region, Transport
+from tests.distributed import programs as P
+
+
+class _Refusing(Transport):
+    """Records what is sent; refuses every send that must not wait (as a full socket would)."""
+
+    workers = 2
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, Any, str]] = []
+        self.lock = threading.Lock()
+
+    def create_region(self, nbytes: int) -> Region:
+        raise NotImplementedError
+
+    def start(self, setups, on_message, on_exit, timeout) -> list[Ready]:
+        return []
+
+    def send(self, worker: int, message: Any, block: bool = True) -> bool:
+        if not block:
+            return False
+        with self.lock:
+            self.sent.append((worker, message, threading.current_thread().name))
+        return True
+
+    def alive(self, worker: int) -> bool:
+        return True
+
+    def stop(self, timeout: float = 5.0) -> None:
+        pass
+
+
+class _Alloc:
+    pass
+
+
+def test_work_released_by_a_reply_goes_out_through_the_sender_thread_in_order():
+    transport = _Refusing()
+    d = Dispatcher(transport, 2, lambda run_id: None, time.monotonic_ns)
+    try:
+        a = _Alloc()
+        run = RunRecord(1, False, d, 0)
+        first = Submission(run, 0, 1, "first", [(a, 0, 64, True)], (0, {}, ()))
+        readers = [Submission(run, i, 0, f"r{i}", [(a, 0, 64, False)], (i, {}, ())) for i in range(1, 6)]
+        d.seal(run, [first, *readers])
+        assert [m.program for _w, m, _t in transport.sent] == [0]  # only `first` was ready
+        d.on_message(1, Done(transport.sent[0][1].seq, None, 1, 2))  # on "the replies' thread"
+        deadline = time.monotonic() + 10
+        while len(transport.sent) < 6 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        sent = transport.sent[1:]
+        assert [m.program for _w, m, _t in sent] == [1, 2, 3, 4, 5]
+        assert all(w == 0 and isinstance(m, Call) and t == "tandem-sender" for w, m, t in sent)
+        for _w, m, _t in sent:
+            d.on_message(0, Done(m.seq, None, 3, 4))
+        assert run.wait(10) and run.error is None
+    finally:
+        d.close()
+
+
+def test_host_submissions_are_never_sent_to_a_worker():
+    transport = _Refusing()
+    d = Dispatcher(transport, 2, lambda run_id: None, time.monotonic_ns)
+    try:
+        calls: list[int] = []
+        run = RunRecord(1, False, d, 0)
+        sub = Submission(run, 0, HOST, "callback:cb", [], (lambda: calls.append(1), ()))
+        d.seal(run, [sub])
+        assert run.wait(10) and run.error is None and calls == [1]
+        assert transport.sent == []
+    finally:
+        d.close()
+
+
+@pytest.fixture(scope="module")
+def fan(prepare):
+    return prepare(P.fan_out, depth=3, bounds={"R": 256})
+
+
+def test_a_reply_releasing_hundreds_of_submissions_does_not_stall(fan):
+    rng = np.random.default_rng(0)
+    xs = [rng.standard_normal((256, P.D)).astype(np.float32) for _ in range(6)]
+    handles = [fan.submit(x) for x in xs]  # depth 3: up to 3 x 257 submissions in flight
+    for x, h in zip(xs, handles):
+        np.testing.assert_allclose(h.result(timeout=120), x, rtol=1e-6)
