@@ -174,3 +174,11 @@ def test_errors_before_any_process_starts():
     with pytest.raises(ValueError, match="planning pass .* worker 1 does not exist"):
         P.pinned_wrong.prepare(workers=1, bounds={"B": 4})  # the planning pass submits to worker 1
     assert _ours_left() == ([], [])
+
+
+def test_forkserver_start_method():
+    with P.chain.prepare(workers=WORKERS, worker_threads=THREADS, bounds={"B": 4}, callbacks={"double": P.double},
+                         start_method="forkserver") as drt:
+        x = np.ones((4, P.D), np.float32)
+        np.testing.assert_allclose(drt(x), 3.0 * x)
+    assert_cleaned_up(drt)
