@@ -15,7 +15,8 @@ on_message(worker, message) for every reply, and on_exit(worker, reason)
 when a worker is gone for any reason other than stop().
 
 ProcessTransport runs each worker as a local process (spawn or forkserver:
-never fork, the host has threads) connected by a pipe, with the regions in
+never fork, the host has threads) connected by multiprocessing.Pipe (an
+AF_UNIX socket pair), with the regions in
 POSIX shared memory that every worker maps, so a run's tensor bytes never
 travel through the pipe. A backend that places workers on Ray actors across
 machines implements the same five calls: its regions are plain host
@@ -132,7 +133,7 @@ class _SharedRegion(Region):
 
 
 class ProcessTransport(Transport):
-    """Chip workers as local processes, pipes for messages, POSIX shared memory for tensor bytes."""
+    """Chip workers as local processes, a socket pair each for messages, POSIX shared memory for tensor bytes."""
 
     def __init__(self, workers: int, start_method: str = "spawn") -> None:
         if start_method not in ("spawn", "forkserver"):
@@ -172,8 +173,10 @@ class ProcessTransport(Transport):
             self._procs.append(proc)
             self._conns.append(parent)
             self._send_locks.append(threading.Lock())
-            proc.start()
-            child.close()
+            try:
+                proc.start()
+            finally:
+                child.close()  # the worker has its own copy now (or never will)
             parent.send_bytes(encode(setup))  # read once the worker has imported the engine: all start in parallel
         readies = [self._await_ready(i, deadline, timeout) for i in range(len(setups))]
         self._thread = threading.Thread(target=self._receive, args=(on_message, on_exit),
