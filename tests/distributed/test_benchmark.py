@@ -29,6 +29,6 @@ def test_quick_benchmark(tmp_path):
     pipe = data["figures"]["pipelining"]
     assert [d["depth"] for d in pipe["depths"]] == [1, 2, 3]
     for d in pipe["depths"]:
-        assert _positive(d["runs_per_s"]) and _positive(d["speedup_over_depth1"])
+        assert _positive(d["runs_per_s"]) and _positive(d["speedup_over_depth1"]) and _positive(d["fraction_of_bound"])
         assert _positive(d["host_ms_p50"]) and _positive(d["device_ms_p50"])
     assert "over bare" in proc.stdout and "over depth 1" in proc.stdout
