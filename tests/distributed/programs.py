@@ -161,3 +161,11 @@ def fan_out(orch: dist.Orchestrator, x: In(("R", D)), y: Out(("R", D))):
     orch.submit(scale, x, a, 2.0, worker=0)
     for r in range(x.shape[0]):
         orch.submit(scale, a[r:r + 1], y[r:r + 1], 0.5, worker=1)
+
+
+@dist.program
+def scaled_on(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)), y: Out(("B", D)),
+              factor: Scalar(float), worker: Scalar(int)):
+    """The same submissions run after run, with a scalar and a resident that may change."""
+    orch.submit(scale, x, y, factor, worker=worker)
+    orch.submit(add_into, x, acc, worker=worker)

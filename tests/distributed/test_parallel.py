@@ -216,3 +216,23 @@ def test_resident_accumulator_applies_runs_in_dispatch_order(prepare):
         np.testing.assert_array_equal(acc.to_numpy(), np.full((4, P.D), sum(range(1, 21)), np.float32))
         assert handles[-1].result() is acc  # a resident InOut comes back as itself
         drt.free_tensor(acc)
+
+
+def test_repeated_submissions_are_still_checked_every_run(prepare):
+    drt = prepare(P.scaled_on, depth=2, bounds={"B": 4})
+    x = np.ones((4, P.D), np.float32)
+    acc = drt.alloc_tensor((4, P.D), "float32", init=np.zeros((4, P.D), np.float32), worker_id=0)
+    for factor in (1.0, 2.0, 3.0):  # same layout every run: the scalar still comes from this run
+        out_acc, y = drt(x, acc, None, factor, 0)
+        assert out_acc is acc
+        np.testing.assert_array_equal(y, factor * x)
+    np.testing.assert_array_equal(acc.to_numpy(), 3.0 * x)
+    with pytest.raises(ValueError, match="resident on worker 0, so it cannot be passed to a program on worker 1"):
+        drt(x, acc, None, 1.0, 1)
+    stale = drt.alloc_tensor((4, P.D), "float32", init=np.zeros((4, P.D), np.float32), worker_id=0)
+    drt(x, stale, None, 1.0, 0)
+    drt.free_tensor(stale)
+    with pytest.raises(ValueError, match="freed"):
+        drt(x, stale, None, 1.0, 0)
+    np.testing.assert_array_equal(acc.to_numpy(), 3.0 * x)  # nothing ran for the rejected runs
+    assert drt.memory_stats()["free_slots"] == 2
