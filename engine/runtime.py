@@ -347,8 +347,12 @@ class Runtime(DeviceMemoryHandle):
         except BaseException:
             native.cancel()
             engine.seal(native)
-            native.wait()
+            # The slot is reused only once the device let go of it, even if Ctrl-C
+            # interrupts this wait (the KeyboardInterrupt is raised after the release).
+            interrupted = _wait_through_interrupts(native)
             self._slots.release(lease)
+            if interrupted is not None:
+                raise interrupted
             raise
         inflight = InFlight(self, native, lease, call, outputs)
         with self._state_lock:
@@ -643,6 +647,17 @@ def _slot_view(slot: Slot, name: str, buf: Allocation, shape: tuple[int, ...], s
             cache.clear()
         cache[key] = view
     return view
+
+
+def _wait_through_interrupts(native: "_native.Run") -> KeyboardInterrupt | None:
+    """Waits until the run is done; a KeyboardInterrupt meanwhile is returned, not raised."""
+    interrupted = None
+    while True:
+        try:
+            native.wait()
+            return interrupted
+        except KeyboardInterrupt as e:
+            interrupted = e
 
 
 def _host_array(x: Any, what: str) -> np.ndarray:

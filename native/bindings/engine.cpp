@@ -4,6 +4,8 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <optional>
 
 #include "bindings.hpp"
@@ -113,6 +115,31 @@ TensorArg make_tensor_arg(uintptr_t addr, int32_t dtype, const std::vector<int64
   return a;
 }
 
+// Run::wait with the GIL released, in slices: between slices it takes the GIL
+// back for PyErr_CheckSignals, so Ctrl-C in the main thread raises
+// KeyboardInterrupt here (the run goes on) instead of once the run completes.
+// None or a negative timeout waits until the run is done.
+bool wait_interruptible(Run& r, std::optional<double> timeout) {
+  constexpr double kSlice = 0.05;  // seconds between signal checks
+  const bool forever = !timeout || *timeout < 0;
+  const auto start = std::chrono::steady_clock::now();
+  for (;;) {
+    double slice = kSlice;
+    if (!forever) {
+      const double left = *timeout - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      if (!(left > 0)) return r.done();
+      slice = std::min(slice, left);
+    }
+    bool done;
+    {
+      py::gil_scoped_release nogil;
+      done = r.wait(slice);
+    }
+    if (done) return true;
+    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+  }
+}
+
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -136,10 +163,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("failed", &Run::failed)
       .def_property_readonly("task_count", &Run::task_count)
       .def("cancel", &Run::cancel)
-      .def(
-          "wait",
-          [](Run& r, std::optional<double> timeout) { return r.wait(timeout ? *timeout : -1.0); },
-          py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>())
+      .def("wait", &wait_interruptible, py::arg("timeout") = py::none())
       .def("failure",
            [](const Run& r) -> py::object {
              if (!r.failed()) return py::none();
