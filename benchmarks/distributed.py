@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing
+import os
 import pickle
 import sys
 import time
@@ -231,6 +232,7 @@ def main(argv: list[str] | None = None) -> dict:
     runs = args.runs or (100 if args.quick else 300)
     reps = args.reps or (2 if args.quick else 15)
 
+    load_before = os.getloadavg()
     rows, over = overhead(runs, reps)
     print(f"Per-run dispatch overhead, 1 chip worker, {runs} runs x {reps} reps (medians; ratios per rep, "
           "interleaved):")
@@ -240,9 +242,12 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"Data-parallel MLP B={args.batch} ({D}->{H}->{D}) on {args.workers} chip worker(s) x 1 thread, "
           f"AsyncRuntime.stream; bound 1/max(T_host, T_worker) at depth 1 = {pipe['bound_runs_per_s']:.0f} runs/s:")
     print_table(["depth", "runs/s", "over depth 1", "of bound", "host ms p50", "worker ms p50"], prow)
-    out = write_json("distributed", {"overhead": over, "pipelining": pipe}, args.json)
+    load = {"before": load_before, "after": os.getloadavg()}  # 1/5/15-minute load averages: a shared machine
+    print(f"load average before {load_before[0]:.2f}, after {load['after'][0]:.2f} ({os.cpu_count()} cores)")
+    figures = {"overhead": over, "pipelining": pipe, "load_average": load}
+    out = write_json("distributed", figures, args.json)
     print(f"wrote {out}")
-    return {"overhead": over, "pipelining": pipe}
+    return figures
 
 
 if __name__ == "__main__":
