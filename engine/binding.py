@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 __all__ = ["BoundArg", "BoundCall", "bind_call"]
 
+_TooHardError = getattr(getattr(np, "exceptions", np), "TooHardError")  # numpy.exceptions from 1.25
+
 
 @dataclass
 class BoundArg:
@@ -62,6 +64,7 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
     dims: dict[str, int] = {}
     dim_source: dict[str, str] = {}
     bound: list[BoundArg] = []
+    written: list[tuple[str, np.ndarray]] = []  # host arrays the run writes back into
     torch_kind = any(is_torch(v) for v in values.values())
     for p in params:
         spec = p.spec
@@ -107,6 +110,12 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
             view = as_numpy_view(v)
             if spec.writes and not view.flags.writeable:
                 raise ValueError(f"parameter '{p.name}': output array is read-only")
+            if spec.writes:
+                for other, oview in written:
+                    if _overlap(view, oview):
+                        raise ValueError(f"parameters '{other}' and '{p.name}' are outputs sharing memory: "
+                                         "the run would write both into the same elements")
+                written.append((p.name, view))
             if view.flags.c_contiguous and (view.flags.writeable or spec.writes):
                 arg.host = view
             else:  # staged through a contiguous (and writable) copy; outputs are copied back after the run
@@ -125,3 +134,13 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
             arg.shape = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
     outputs = [i for i, a in enumerate(bound) if isinstance(a.param.spec, TensorSpec) and a.param.spec.writes]
     return BoundCall(bound, dims, torch_kind, outputs)
+
+
+def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two arrays share an element (exactly; a problem too hard to solve counts as sharing)."""
+    if not np.may_share_memory(a, b):
+        return False
+    try:
+        return bool(np.shares_memory(a, b, max_work=100_000))
+    except _TooHardError:
+        return True

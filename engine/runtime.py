@@ -11,7 +11,7 @@ import numpy as np
 from engine import _native
 from engine.binding import BoundCall, bind_call
 from engine.dtypes import as_dtype
-from engine.errors import ClosedError, KernelError, RunCancelledError
+from engine.errors import ClosedError, DeviceMemoryError, KernelError, RunCancelledError
 from engine.hostarrays import as_numpy_view, empty_like_kind, is_host_array
 from engine.memory import DeviceMemoryHandle
 from engine.program import Program
@@ -224,6 +224,8 @@ class Runtime(DeviceMemoryHandle):
 
     def _alloc(self, nbytes: int, kind: str) -> Allocation:
         assert self._device is not None
+        if nbytes >= 1 << 63:  # beyond what the native allocator can even be asked for
+            raise DeviceMemoryError(f"device memory exhausted: requested {nbytes} bytes")
         alloc = Allocation(self, self._device.alloc(nbytes), kind)
         self._owned[alloc.id] = alloc
         return alloc

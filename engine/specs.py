@@ -83,7 +83,12 @@ class Scalar:
         )
         if not ok:
             raise TypeError(f"parameter '{name}': expected a {self.type.__name__}, got {type(value).__name__}")
-        return float(value) if self.type is float else value
+        if self.type is float:
+            try:
+                return float(value)
+            except OverflowError:  # an int beyond the float range: a bad value
+                raise ValueError(f"parameter '{name}': {type(value).__name__} value is too large for a float") from None
+        return value
 
 
 ParamSpec = Union[TensorSpec, Scalar]

@@ -83,8 +83,12 @@ class PyHostCallable final : public HostCallable {
 td_scalar to_scalar(const py::handle& h) {
   td_scalar s{};
   if (py::isinstance<py::bool_>(h) || py::isinstance<py::int_>(h)) {
+    int overflow = 0;
+    const long long v = PyLong_AsLongLongAndOverflow(h.ptr(), &overflow);
+    if (overflow != 0) throw InvalidArgument("an integer scalar argument does not fit in 64 bits");
+    if (v == -1 && PyErr_Occurred()) throw py::error_already_set();
     s.kind = TD_SCALAR_INT;
-    s.value.i = h.cast<int64_t>();
+    s.value.i = static_cast<int64_t>(v);
   } else if (py::isinstance<py::float_>(h)) {
     s.kind = TD_SCALAR_FLOAT;
     s.value.f = h.cast<double>();
