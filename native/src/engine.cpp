@@ -192,9 +192,8 @@ Task* Engine::run_task(Task* t, int worker) {
 }
 
 void Engine::finish_run(Run& run) {
-  run.finish(now_ns());
-  runs_completed_.fetch_add(1, std::memory_order_relaxed);
-  if (run.notify()) notifier_.push(run.id());
+  // Counted as completed and out of the live table before finish() wakes its
+  // waiters, so whoever a run's completion wakes sees the stats agree.
   std::shared_ptr<Run> keep;  // the run may die with its live-table entry: release it last
   {
     std::lock_guard<std::mutex> lock(live_mu_);
@@ -204,6 +203,9 @@ void Engine::finish_run(Run& run) {
       live_.erase(it);
     }
   }
+  runs_completed_.fetch_add(1, std::memory_order_relaxed);
+  run.finish(now_ns());
+  if (run.notify()) notifier_.push(run.id());
   live_cv_.notify_all();
 }
 
