@@ -13,7 +13,7 @@ from engine.tensor import Allocation, DeviceTensor
 if TYPE_CHECKING:
     from engine.memory import DeviceMemoryHandle
 
-__all__ = ["WorkerAllocation", "SharedAllocation", "worker_of", "host_view"]
+__all__ = ["WorkerAllocation", "SharedAllocation", "host_view"]
 
 # Host-side ids of shared regions (and planning stand-ins): only identity matters on the host.
 _ids = itertools.count(1)
@@ -42,12 +42,6 @@ class SharedAllocation(Allocation):
         super().__init__(owner, _native.Buffer(0, next(_ids), 0, size), kind)
         self.region = region
         self.base = base
-
-
-def worker_of(t: DeviceTensor) -> int | None:
-    """The worker a tensor is resident on, or None for shared memory."""
-    alloc = t._alloc
-    return alloc.worker if isinstance(alloc, WorkerAllocation) else None
 
 
 def host_view(t: DeviceTensor, writable: bool) -> np.ndarray:

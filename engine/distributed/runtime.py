@@ -320,17 +320,6 @@ class DistributedRuntime(DeviceMemoryHandle):
         assert self._slots is not None
         self._slots.release(inflight.lease)
 
-    def _finish_completed(self, run_ids: Sequence[int]) -> list[DistInFlight]:
-        """Finishes the runs the notifier reported; returns them."""
-        done = []
-        for rid in run_ids:
-            with self._state_lock:
-                inflight = self._inflight.get(rid)
-            if inflight is not None:
-                inflight.finish()
-                done.append(inflight)
-        return done
-
     # -- tracing ----------------------------------------------------------------------------------------
     def set_tracing(self, on: bool) -> None:
         """Starts (or stops) recording host spans and submission timings for export_trace()."""

@@ -90,9 +90,6 @@ class SharedSlot:
                                                offset=self.layout.offsets[name])
         return a
 
-    def scratch_tensor(self, offset: int, shape: tuple[int, ...], dtype: DType) -> DeviceTensor:
-        return DeviceTensor(self.alloc, self.layout.scratch_offset + offset, shape, contiguous_strides(shape), dtype)
-
     def drop_views(self) -> None:
         """Lets go of every numpy view of the region (the region cannot be unmapped while one lives)."""
         self._arrays.clear()
