@@ -304,8 +304,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = ap.parse_args(argv)
     n = args.ops or (2_000 if args.quick else 20_000)
     reps = args.reps or (3 if args.quick else 7)
+    load_before = os.getloadavg()
     figures = anyio.run(measure, n, reps, args.backend, backend=args.backend)
     figures["cores"] = os.cpu_count()
+    # The machine may be shared: the load says how much the wall-time figures can be trusted.
+    figures["load_average"] = {"before": load_before, "after": os.getloadavg()}
 
     us = 1e6
     rows = []
@@ -325,6 +328,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"awaited dispatches of a one-noop program ({args.backend}, {os.cpu_count()} cores, "
           f"{n} ops per measurement, median of {reps}; us/op is wall time, cpu us/op the loop thread's CPU time)")
     print_table(headers, rows)
+    print(f"load average before / after: {figures['load_average']['before'][0]:.2f} / "
+          f"{figures['load_average']['after'][0]:.2f} (on {os.cpu_count()} cores)")
 
     d1 = next(e for e in figures["depths"] if e["depth"] == 1)
     d8 = next(e for e in figures["depths"] if e["depth"] == 8)
