@@ -192,9 +192,9 @@ Task* Engine::run_task(Task* t, int worker) {
 }
 
 void Engine::finish_run(Run& run) {
-  // Counted as completed and out of the live table before finish() wakes its
-  // waiters, so whoever a run's completion wakes sees the stats agree.
-  std::shared_ptr<Run> keep;  // the run may die with its live-table entry: release it last
+  // Leave the live table before waiters wake, so whoever sees the run done
+  // also sees it gone from stats(); `keep` holds the run until we return.
+  std::shared_ptr<Run> keep;
   {
     std::lock_guard<std::mutex> lock(live_mu_);
     auto it = live_.find(run.id());

@@ -80,6 +80,12 @@ def thread_count() -> int:
     return len(os.listdir("/proc/self/task"))
 
 
+def thread_ids() -> set[int]:
+    """OS thread ids of this process: compare sets, so threads other tests leave
+    behind (or that end meanwhile) do not count."""
+    return {int(t) for t in os.listdir("/proc/self/task")}
+
+
 def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 

@@ -9,7 +9,7 @@ import pytest
 import engine
 from engine import In, Out, Scalar
 
-from .conftest import Gate, k_copy, settle, thread_count
+from .conftest import Gate, k_copy, settle, thread_count, thread_ids
 
 
 @engine.program
@@ -84,12 +84,13 @@ def test_close_frees_the_tensors_and_buffers_the_runtime_still_owns(device_spy):
 
 def test_close_joins_the_worker_pool():
     settle()
-    before = thread_count()
+    before = thread_ids()
     rt = copy_prog.prepare(workers=3)
     rt(np.ones(4, np.float32))
-    assert thread_count() >= before + 3
+    started = thread_ids() - before
+    assert len(started) >= 3
     rt.close()
-    assert thread_count() <= before
+    assert not (started & thread_ids()), "close() left pool threads running"
 
 
 def test_close_drains_runs_in_flight():
