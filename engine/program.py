@@ -44,12 +44,17 @@ class Program:
 
     def prepare(self, *, device: str = "cpu", workers: int | None = None, depth: int = 2,
                 bounds: Mapping[str, int] | None = None, callbacks: Mapping[str, Callable[..., Any]] | None = None,
-                memory_limit: int | None = None, scratch_bytes: int | None = None) -> "Runtime":
-        """Does all setup once (device, pool, `depth` slots) and returns a Runtime."""
+                memory_limit: int | None = None, scratch_bytes: int | None = None,
+                spin_us: int | None = None) -> "Runtime":
+        """Does all setup once (device, pool, `depth` slots) and returns a Runtime.
+
+        spin_us: how long idle pool workers poll for work before sleeping
+        (default 200; 0 when other processes compete for the cores).
+        """
         from engine.runtime import Runtime
 
         return Runtime(self, device=device, workers=workers, depth=depth, bounds=bounds, callbacks=callbacks,
-                       memory_limit=memory_limit, scratch_bytes=scratch_bytes)
+                       memory_limit=memory_limit, scratch_bytes=scratch_bytes, spin_us=spin_us)
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.name}: {p.spec!r}" for p in self.params)

@@ -140,7 +140,8 @@ class Runtime(DeviceMemoryHandle):
 
     def __init__(self, prog: Program, *, device: str = "cpu", workers: int | None = None, depth: int = 2,
                  bounds: Mapping[str, int] | None = None, callbacks: Mapping[str, Callable[..., Any]] | None = None,
-                 memory_limit: int | None = None, scratch_bytes: int | None = None) -> None:
+                 memory_limit: int | None = None, scratch_bytes: int | None = None,
+                 spin_us: int | None = None) -> None:
         self.program = prog
         self.depth = _check_positive_int("depth", depth)
         if device != "cpu":
@@ -149,6 +150,8 @@ class Runtime(DeviceMemoryHandle):
             _check_positive_int("workers", workers)
         if memory_limit is not None:
             _check_positive_int("memory_limit", memory_limit)
+        if spin_us is not None and (isinstance(spin_us, bool) or not isinstance(spin_us, int) or spin_us < 0):
+            raise ValueError("spin_us must be a non-negative int")
         if scratch_bytes is not None and (isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int)
                                           or scratch_bytes < 0):
             raise ValueError("scratch_bytes must be a non-negative int")
@@ -172,7 +175,8 @@ class Runtime(DeviceMemoryHandle):
         self._engine: _native.Engine | None = None
         try:
             self._device = _native.Device(memory_limit or 0)
-            self._engine = _native.Engine(self._device, workers or 0)
+            self._engine = (_native.Engine(self._device, workers or 0) if spin_us is None
+                            else _native.Engine(self._device, workers or 0, spin_us))
             for name, fn in callbacks.items():
                 self._callbacks[name] = self._engine.register_host_kernel(f"callback:{name}", fn)
             if scratch_bytes is None:

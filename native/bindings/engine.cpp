@@ -189,7 +189,8 @@ void bind_engine(py::module_& m) {
       .def("attach_accessor", &Run::attach_accessor);
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", "Worker pool, task graph and notifier of one runtime")
-      .def(py::init<std::shared_ptr<Device>, int>(), py::arg("device"), py::arg("workers") = 0)
+      .def(py::init<std::shared_ptr<Device>, int, int>(), py::arg("device"), py::arg("workers") = 0,
+           py::arg("spin_us") = Engine::kDefaultSpinUs)
       .def_property_readonly("device", &Engine::device)
       .def_property_readonly("workers", &Engine::workers)
       .def_property_readonly("closed", &Engine::closed)

@@ -21,11 +21,13 @@ uint64_t byte_extent_check(const TensorArg& a) {
 }
 }  // namespace
 
-Engine::Engine(std::shared_ptr<Device> device, int workers)
+Engine::Engine(std::shared_ptr<Device> device, int workers, int spin_us)
     : device_(std::move(device)), epoch_(std::chrono::steady_clock::now()) {
   if (!device_) throw InvalidArgument("an engine needs a device");
+  if (spin_us < 0) throw InvalidArgument("spin_us must be >= 0");
   register_builtin_kernels(registry_);
-  pool_ = std::make_unique<WorkerPool>(workers > 0 ? workers : default_workers(), *this);
+  pool_ = std::make_unique<WorkerPool>(workers > 0 ? workers : default_workers(), *this,
+                                       std::chrono::microseconds(spin_us));
 }
 
 Engine::~Engine() { close(true); }

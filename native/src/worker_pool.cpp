@@ -6,14 +6,11 @@
 
 namespace tandem {
 
-namespace {
-// Polls before sleeping: a task that arrives within this window is picked up
-// without a futex wake-up, which costs tens of microseconds under a hypervisor
-// (a cross-CPU interrupt). Bounded, so an idle pool still goes to sleep.
-constexpr auto kSpinWindow = std::chrono::microseconds(200);
-}  // namespace
-
-WorkerPool::WorkerPool(int threads, TaskRunner& runner) : runner_(runner) {
+// Idle workers poll for spin_ before sleeping: a task that arrives within that
+// window is picked up without a futex wake-up, which costs tens of microseconds
+// under a hypervisor (a cross-CPU interrupt). Bounded, so an idle pool sleeps.
+WorkerPool::WorkerPool(int threads, TaskRunner& runner, std::chrono::microseconds spin)
+    : runner_(runner), spin_(spin) {
   threads_.reserve(static_cast<size_t>(threads));
   try {
     for (int i = 0; i < threads; ++i) threads_.emplace_back([this, i] { worker_main(i); });
@@ -53,8 +50,8 @@ void WorkerPool::push(const std::vector<Task*>& ts) {
 }
 
 Task* WorkerPool::pop() {
-  if (queued_.load(std::memory_order_relaxed) == 0) {
-    const auto until = std::chrono::steady_clock::now() + kSpinWindow;
+  if (spin_.count() > 0 && queued_.load(std::memory_order_relaxed) == 0) {
+    const auto until = std::chrono::steady_clock::now() + spin_;
     do {
       for (int i = 0; i < 64 && queued_.load(std::memory_order_relaxed) == 0; ++i) {
 #if defined(__x86_64__)

@@ -447,3 +447,19 @@ def test_default_worker_count_is_cores_minus_one(device):
         assert e.workers == max(1, (os.cpu_count() or 1) - 1)
     finally:
         e.close()
+
+
+@pytest.mark.parametrize("spin_us", [0, 50])
+def test_spin_window_is_per_engine_and_zero_still_wakes_workers(device, spin_us):
+    e = _native.Engine(device, 1, spin_us)
+    try:
+        for _ in range(50):  # each run finds the worker asleep (spin 0) or spinning
+            run = e.begin_run()
+            e.submit(run, e.kernel("noop"), [], [])
+            e.seal(run)
+            assert run.wait(10)
+        assert e.stats()["tasks_executed"] == 50
+    finally:
+        e.close()
+    with pytest.raises(ValueError, match="spin_us"):
+        _native.Engine(device, 1, -1)

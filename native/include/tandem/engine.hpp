@@ -44,8 +44,10 @@ struct EngineStats {
 
 class Engine final : public TaskRunner {
  public:
-  // workers <= 0: max(1, cores - 1).
-  Engine(std::shared_ptr<Device> device, int workers);
+  // workers <= 0: max(1, cores - 1). spin_us: how long idle workers poll for
+  // work before sleeping (lower it when other processes share the cores).
+  static constexpr int kDefaultSpinUs = 200;
+  Engine(std::shared_ptr<Device> device, int workers, int spin_us = kDefaultSpinUs);
   ~Engine() override;  // close(true)
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <mutex>
@@ -24,7 +25,8 @@ class TaskRunner {
 
 class WorkerPool {
  public:
-  WorkerPool(int threads, TaskRunner& runner);
+  // spin: how long an idle worker polls for new work before it sleeps.
+  WorkerPool(int threads, TaskRunner& runner, std::chrono::microseconds spin);
   ~WorkerPool();  // stop()
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -41,6 +43,7 @@ class WorkerPool {
   Task* pop();
 
   TaskRunner& runner_;
+  const std::chrono::microseconds spin_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::deque<Task*> queue_;
