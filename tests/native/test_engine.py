@@ -116,19 +116,24 @@ def test_runs_sharing_memory_are_ordered_across_runs(device, eng):
 
 def test_runs_over_disjoint_memory_execute_concurrently(device, eng):
     bufs = [device.alloc(256), device.alloc(256)]
-    eng.set_tracing(True)
+    barrier = threading.Barrier(2, timeout=10)
+    workers_seen = []
+
+    def meet(x):
+        barrier.wait()  # returns only when the other run's task is running too
+        workers_seen.append(threading.get_native_id())
+
+    k = eng.register_host_kernel("meet_across_runs", meet)
     runs = []
     for b in bufs:
         run = eng.begin_run()
-        eng.submit(run, eng.kernel("spin"), [arg(b)], [WRITE], [30_000_000])
+        eng.submit(run, k, [arg(b)], [WRITE])
         eng.seal(run)
         runs.append(run)
     for run in runs:
-        assert run.wait(10)
-    events = sorted(eng.drain_trace(), key=lambda e: e[3])
-    assert len(events) == 2
-    assert events[1][3] < events[0][4], "the second run's task should start before the first's ends"
-    assert {e[2] for e in events} == {0, 1}
+        assert run.wait(20)
+        assert not run.failed, run.failure()
+    assert len(set(workers_seen)) == 2
 
 
 def test_random_graphs_in_concurrent_runs_match_a_sequential_reference(device, eng, kernels):
