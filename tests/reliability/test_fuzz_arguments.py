@@ -638,6 +638,10 @@ class DeviceMachine(RuleBasedStateMachine):
         self.freed: list = []
         self.mapped: dict[int, tuple[int, np.ndarray]] = {}  # device base -> (size, host view)
 
+    def gone(self, buf: Any) -> bool:
+        """A bundle entry that is not (or no longer) a live allocation of the model."""
+        return buf is None or buf.id not in self.model
+
     def refused(self, fn: Callable[[], Any]) -> None:
         before = self.device.stats()
         with pytest.raises((ValueError, TypeError)):
@@ -663,7 +667,7 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule(buf=consumes(live))
     def free(self, buf):
-        if buf is None:
+        if self.gone(buf):
             return
         self.unmap_all_of(buf)
         self.device.free(buf)
@@ -681,7 +685,7 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule(buf=live, offset=st.integers(0, 4200), n=st.integers(0, 4200), value=st.integers(0, 255))
     def copy_in(self, buf, offset, n, value):
-        if buf is None:
+        if self.gone(buf):
             return
         data = np.full(n, value, np.uint8)
         if offset + n <= buf.size:
@@ -692,7 +696,7 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule(buf=live, offset=st.integers(0, 4200), n=st.integers(0, 4200))
     def copy_out(self, buf, offset, n):
-        if buf is None:
+        if self.gone(buf):
             return
         out = np.zeros(n, np.uint8)
         if offset + n <= buf.size:
@@ -703,7 +707,7 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule(dst=live, src=live, doff=st.integers(0, 4200), soff=st.integers(0, 4200), n=st.integers(0, 4200))
     def copy_d2d(self, dst, src, doff, soff, n):
-        if dst is None or src is None:
+        if self.gone(dst) or self.gone(src):
             return
         if doff + n <= dst.size and soff + n <= src.size:
             self.device.copy_d2d(dst, doff, src, soff, n)
@@ -743,7 +747,7 @@ class DeviceMachine(RuleBasedStateMachine):
 
     @rule(buf=live, offset=st.integers(-64, 4200), n=st.integers(0, 4200))
     def resolve(self, buf, offset, n):
-        if buf is None:
+        if self.gone(buf):
             return
         addr = buf.addr + offset
         if 0 <= offset < buf.size and n <= buf.size - offset:
@@ -758,13 +762,20 @@ class DeviceMachine(RuleBasedStateMachine):
         else:
             self.refused(lambda: self.device.resolve(addr, n))
 
+    def owner(self, addr: int, n: int) -> Any:
+        """The live allocation of the model wholly holding [addr, addr + n), or None."""
+        for b, _ in self.model.values():
+            if b.addr <= addr and addr + n <= b.addr + b.size and addr < b.addr + b.size:
+                return b
+        return None
+
     @rule(buf=live, offset=st.integers(0, 4200), n=st.integers(0, 4200))
     def map_region(self, buf, offset, n):
-        if buf is None:
+        if self.gone(buf):
             return
-        base = buf.addr + offset
+        base = buf.addr + offset  # may fall inside another allocation: that is fine too
         view = np.zeros(max(n, 1), np.uint8)
-        inside = n > 0 and offset + n <= buf.size
+        inside = n > 0 and self.owner(base, n) is not None
         overlaps = any(base < b + s and b < base + n for b, (s, _) in self.mapped.items())
         if inside and not overlaps:
             self.acc.add(base, n, view)
@@ -777,24 +788,47 @@ class DeviceMachine(RuleBasedStateMachine):
     def accessor_io(self, data):
         base = data.draw(st.sampled_from(sorted(self.mapped)))
         size, view = self.mapped[base]
-        off = data.draw(st.integers(-8, size + 8))
+        addr = base + data.draw(st.integers(-8, size + 8))
         n = data.draw(st.integers(0, size + 8))
-        buf = self.device.resolve(base, size)
-        region = self.model[buf.id][1]
-        rel = base - buf.addr
         host = np.zeros(max(n, 1), np.uint8)
-        if 0 <= off and off + n <= size and (n > 0 or off < size):
-            self.acc.read(base + off, host, n)
-            np.testing.assert_array_equal(host[:n], region[rel + off:rel + off + n])
-            self.acc.stage_in(base)  # host view -> device
-            region[rel:rel + size] = view[:size]
-            view[:size] = 0
-            self.acc.copy_back(base)  # device -> host view
-            np.testing.assert_array_equal(view[:size], region[rel:rel + size])
-        elif off < 0 or off + n > size:
-            if off < 0 and any(b <= base + off < b + s for b, (s, _) in self.mapped.items()):
-                return  # another region may hold that address
-            self.refused(lambda: self.acc.read(base + off, host, n))
+        region = next(((b, s) for b, (s, _) in self.mapped.items() if b <= addr < b + s), None)
+        if region is not None and n <= region[0] + region[1] - addr:
+            self.acc.read(addr, host, n)
+            buf = self.owner(addr, max(n, 1))
+            rel = addr - buf.addr
+            np.testing.assert_array_equal(host[:n], self.model[buf.id][1][rel:rel + n])
+        else:
+            self.refused(lambda: self.acc.read(addr, host, n))
+        # whole-region transfers both ways
+        buf = self.owner(base, size)
+        contents = self.model[buf.id][1]
+        rel = base - buf.addr
+        view[:size] = data.draw(st.integers(0, 255))
+        self.acc.stage_in(base)  # host view -> device
+        contents[rel:rel + size] = view[:size]
+        view[:size] = 0
+        self.acc.copy_back(base)  # device -> host view
+        np.testing.assert_array_equal(view[:size], contents[rel:rel + size])
+
+    @precondition(lambda self: bool(self.mapped))
+    @rule(data=st.data(), reuse=st.booleans())
+    def free_under_a_mapping(self, data, reuse):
+        """Freeing memory a region still maps: every transfer through that region fails closed."""
+        base = data.draw(st.sampled_from(sorted(self.mapped)))
+        size, view = self.mapped[base]
+        buf = self.owner(base, size)
+        self.device.free(buf)
+        del self.model[buf.id]
+        self.freed.append(buf)
+        if reuse:  # a new allocation may take the same address; the region must still refuse
+            nb = self.device.alloc(buf.size, 64)
+            self.model[nb.id] = (nb, np.zeros(nb.size, np.uint8))
+            self.device.copy_h2d(nb, 0, self.model[nb.id][1])
+        host = np.zeros(size, np.uint8)
+        self.refused(lambda: self.acc.read(base, host, size))
+        self.refused(lambda: self.acc.stage_in(base))
+        self.refused(lambda: self.acc.copy_back(base))
+        self.unmap_all_of(buf)
 
     @invariant()
     def counters_match_the_model(self):
