@@ -1,0 +1,32 @@
+"""Shared by the benchmark tests: one `tandem bench all --quick --trace` run for the whole session."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def tandem(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
+    """The `tandem` command, run as `python -m engine.cli` from the repository's root."""
+    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+
+
+@pytest.fixture(scope="session")
+def bench_all(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path, dict]:
+    """(the finished process, its output folder, its summary.json) of `tandem bench all --quick --trace`."""
+    out = tmp_path_factory.mktemp("bench")
+    proc = tandem("bench", "all", "--quick", "--trace", "--out", str(out))
+    summary_path = out / "summary.json"
+    assert summary_path.exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, out, json.loads(summary_path.read_text())
