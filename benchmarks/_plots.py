@@ -55,7 +55,7 @@ def overlap(data: dict[str, Any], out: Path) -> list[Path]:
     f = data["figures"]
     plt = _plt()
     files = []
-    fig, ax = plt.subplots(figsize=(7, 4.5))
+    fig, ax = plt.subplots(figsize=(8.5, 4.5))
     depths = [d["depth"] for d in f["depths"]]
     ax.plot(depths, [d["runs_per_s"]["median"] for d in f["depths"]], "o-", color=TANDEM, lw=2.5, label="Tandem")
     for name, peer in f.get("peers", {}).items():
@@ -72,7 +72,7 @@ def overlap(data: dict[str, Any], out: Path) -> list[Path]:
     ax.set_ylabel("runs per second (median)")
     ax.set_ylim(0, f["bound_runs_per_s"] * 1.15)
     ax.set_title(f"Overlap: T_host {f['host_ms']} ms, T_device {f['device_ms']} ms, {f['workers']} worker(s)")
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)  # beside: lines cross
     files.append(_save(fig, data, out / "overlap_throughput.png"))
 
     cdf = f.get("latency_cdf", {}).get("samples_ms", {})

@@ -59,6 +59,20 @@ examples:
 """
 
 
+def positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be at least 0, got {value}")
+    return value
+
+
 def find_benchmarks() -> Path | None:
     """The benchmarks/ folder of the source tree this engine runs from (an editable install), or of the cwd."""
     for base in (Path(__file__).resolve().parents[1], Path.cwd()):
@@ -104,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
                        description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     b.add_argument("names", nargs="+", choices=(*BENCH_NAMES, "all"), metavar="NAME",
                    help=f"one or more of {', '.join(BENCH_NAMES)}, all")
-    b.add_argument("--quick", action="store_true", help="fewer runs and repetitions (about a minute for all)")
+    b.add_argument("--quick", action="store_true",
+                   help="fewer runs and repetitions; the model benchmark without its HTTP service part")
     b.add_argument("--out", default=None, help="folder for JSON, logs and plots (default: benchmarks/results)")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-ray", action="store_true", help="skip the Ray Compiled Graph peer even if ray is installed")
@@ -114,10 +129,10 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("trace", help="trace a short pipelined run: Chrome trace JSON and a PNG timeline",
                        description=TRACE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     t.add_argument("program", metavar="PROGRAM", help="overlap, mlp, or module:function")
-    t.add_argument("--runs", type=int, default=12, help="traced runs (default 12)")
-    t.add_argument("--warmup", type=int, default=2, help="untraced runs first (default 2)")
-    t.add_argument("--depth", type=int, default=None, help="override the pipeline depth")
-    t.add_argument("--workers", type=int, default=None, help="override the pool's worker count")
+    t.add_argument("--runs", type=positive, default=12, help="traced runs (default 12)")
+    t.add_argument("--warmup", type=non_negative, default=2, help="untraced runs first (default 2)")
+    t.add_argument("--depth", type=positive, default=None, help="override the pipeline depth")
+    t.add_argument("--workers", type=positive, default=None, help="override the pool's worker count")
     t.add_argument("--out", default=None, help="trace JSON path (default: trace_<name>.json)")
     t.add_argument("--png", default=None, help="timeline PNG path (default: the JSON path with .png)")
 

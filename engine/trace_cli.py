@@ -128,6 +128,8 @@ def main(spec: str, *, out: str | None, png: str | None, runs: int, warmup: int,
     path = Path(out or f"trace_{name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
     info = record(source, path, runs=runs, warmup=warmup, depth=depth, workers=workers)
+    if info["runs"] == 0:
+        raise UsageError(f"{spec}: its arguments ran out after the {warmup} warm-up run(s): nothing was traced")
     s = overlap_summary(path)
     print(f"traced {info['runs']} runs of {name} at depth {info['depth']} on {info['workers']} pool worker(s) in "
           f"{info['wall_s'] * 1e3:.1f} ms: host busy {s['host_busy_ms']:.2f} ms, device busy "
