@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> dict:
         prow = [["Tandem", *(tandem_rate[d] for d in DEPTHS), *("1.0" for _ in DEPTHS),
                  figures["depths"][CDF_DEPTH - 1]["latency_ms"]["p50"]]]
         skipped = []
-        for name, entry in figures["peers"].items():
+        for entry in figures["peers"].values():
             if not entry["available"]:
                 skipped.append(f"{entry['label']} skipped: {entry['reason']}")
                 continue
