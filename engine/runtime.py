@@ -10,10 +10,9 @@ import numpy as np
 
 from engine import _native
 from engine.binding import BoundCall, bind_call
-from engine.dtypes import as_dtype
 from engine.errors import ClosedError, DeviceMemoryError, KernelError, RunCancelledError
 from engine.hostarrays import as_numpy_view, empty_like_kind, is_host_array
-from engine.memory import DeviceMemoryHandle
+from engine.memory import DeviceMemoryHandle, check_tensor_request
 from engine.program import Program
 from engine.run import HostKernel, Run
 from engine.slots import Lease, Slot, SlotPool
@@ -498,35 +497,7 @@ class Runtime(DeviceMemoryHandle):
     def alloc_tensor(self, shape: Sequence[int], dtype: Any = "float32", init: Any = None) -> DeviceTensor:
         """A resident tensor: device memory that outlives runs (weights, KV caches)."""
         self._check_open()
-        if not isinstance(shape, (tuple, list)):
-            raise TypeError(f"alloc_tensor: shape must be a tuple of ints, not {type(shape).__name__}")
-        dims = tuple(shape)
-        for d in dims:
-            if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
-                raise TypeError(f"alloc_tensor: dim {d!r} must be an int")
-        if not dims:
-            raise ValueError("alloc_tensor: shape must have at least one dim")
-        if any(d <= 0 for d in dims):
-            raise ValueError(f"alloc_tensor: dims must be positive, got {dims}")
-        dims = tuple(int(d) for d in dims)
-        dt = as_dtype(dtype)
-        host = None
-        if init is not None:
-            if not is_host_array(init):
-                raise ValueError(f"alloc_tensor: init must be a numpy array or a CPU torch tensor, "
-                                 f"not {type(init).__name__}")
-            if tuple(init.shape) != dims:
-                raise ValueError(f"alloc_tensor: init has shape {tuple(init.shape)}, expected {dims}")
-            try:
-                init_dt = as_dtype(init.dtype)
-            except TypeError:
-                init_dt = None
-            if init_dt != dt:
-                raise ValueError(f"alloc_tensor: init has dtype {init.dtype}, expected {dt.name}")
-            host = np.ascontiguousarray(as_numpy_view(init))
-        nbytes = dt.itemsize
-        for d in dims:
-            nbytes *= d
+        dims, dt, host, nbytes = check_tensor_request(shape, dtype, init)
         alloc = self._alloc(nbytes, "resident")
         if host is not None:
             assert self._device is not None

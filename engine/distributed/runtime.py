@@ -41,10 +41,9 @@ from engine.distributed.runs import DistInFlight, RunRecord
 from engine.distributed.slots import Layout, SharedSlot
 from engine.distributed.transport import ProcessTransport, Transport
 from engine.distributed.worker import program_spec
-from engine.dtypes import as_dtype
 from engine.errors import ClosedError
 from engine.hostarrays import as_numpy_view, empty_like_kind, is_host_array
-from engine.memory import DeviceMemoryHandle
+from engine.memory import DeviceMemoryHandle, check_tensor_request
 from engine.program import Param
 from engine.runtime import RunHandle, Runtime, _check_bounds, _check_positive_int
 from engine.slots import Lease, SlotPool
@@ -431,35 +430,7 @@ class DistributedRuntime(DeviceMemoryHandle):
         """A resident tensor on chip worker `worker_id`: it outlives runs and is pinned to that worker."""
         self._check_open()
         w = self._check_worker_id(worker_id)
-        if not isinstance(shape, (tuple, list)):
-            raise TypeError(f"alloc_tensor: shape must be a tuple of ints, not {type(shape).__name__}")
-        dims = tuple(shape)
-        for d in dims:
-            if isinstance(d, bool) or not isinstance(d, (int, np.integer)):
-                raise TypeError(f"alloc_tensor: dim {d!r} must be an int")
-        if not dims:
-            raise ValueError("alloc_tensor: shape must have at least one dim")
-        if any(d <= 0 for d in dims):
-            raise ValueError(f"alloc_tensor: dims must be positive, got {dims}")
-        dims = tuple(int(d) for d in dims)
-        dt = as_dtype(dtype)
-        host = None
-        if init is not None:
-            if not is_host_array(init):
-                raise ValueError(f"alloc_tensor: init must be a numpy array or a CPU torch tensor, "
-                                 f"not {type(init).__name__}")
-            if tuple(init.shape) != dims:
-                raise ValueError(f"alloc_tensor: init has shape {tuple(init.shape)}, expected {dims}")
-            try:
-                init_dt = as_dtype(init.dtype)
-            except TypeError:
-                init_dt = None
-            if init_dt != dt:
-                raise ValueError(f"alloc_tensor: init has dtype {init.dtype}, expected {dt.name}")
-            host = np.ascontiguousarray(as_numpy_view(init))
-        nbytes = dt.itemsize
-        for d in dims:
-            nbytes *= d
+        dims, dt, host, nbytes = check_tensor_request(shape, dtype, init)
         alloc = self._new_alloc(w, nbytes, "resident", host)
         return DeviceTensor(alloc, 0, dims, contiguous_strides(dims), dt)
 
