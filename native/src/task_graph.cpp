@@ -1,6 +1,7 @@
 #include "tandem/task_graph.hpp"
 
 #include <algorithm>
+#include <thread>
 
 #include "tandem/engine.hpp"
 
@@ -35,9 +36,12 @@ bool Run::wait(double timeout_s) {
                      std::min(std::chrono::duration<double>(timeout_s < 0 ? 1.0 : timeout_s),
                               std::chrono::duration<double>(100e-6));
   while (!done() && std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 64 && !done(); ++i) {
 #if defined(__x86_64__)
-    __builtin_ia32_pause();
+      __builtin_ia32_pause();
 #endif
+    }
+    std::this_thread::yield();  // a runnable worker gets the core first
   }
   if (done()) return true;
   std::unique_lock<std::mutex> lock(mu_);

@@ -58,6 +58,9 @@ Task* WorkerPool::pop() {
         __builtin_ia32_pause();
 #endif
       }
+      // Yield between polls: when the cores are oversubscribed the spin must
+      // not keep a runnable thread (the host orchestrating) off its core.
+      std::this_thread::yield();
     } while (queued_.load(std::memory_order_relaxed) == 0 && std::chrono::steady_clock::now() < until);
   }
   std::unique_lock<std::mutex> lock(mu_);
