@@ -145,7 +145,9 @@ async def test_leaving_the_loop_early_cancels_the_rest(make_rt, in_thread):
     def source():
         for i in range(100):
             pulled.append(i)
-            yield (float(i), 2_000_000)
+            # 20 ms of device work per run: the window cannot drain while the consumer,
+            # on a loaded machine, takes a while to act on its break.
+            yield (float(i), 20_000_000)
 
     async with AsyncRuntime(rt, orchestrate_in_thread=in_thread) as art:
         async for y in art.stream(source()):
