@@ -129,10 +129,11 @@ class Param:
             if not integral:
                 raise bad("expects an int")
             v: ScalarValue = int(value)
-        elif kind is float:
-            v = float(value)
-        else:  # "number"
-            v = int(value) if integral else float(value)
+        else:
+            try:
+                v = float(value) if kind is float or not integral else int(value)
+            except OverflowError:  # an int beyond the float range is a bad value, not a crash
+                raise bad("is beyond the float range") from None
         if isinstance(v, float) and self.finite and not math.isfinite(v):
             raise bad("must be finite")
         if self.gt is not None and not v > self.gt:

@@ -544,9 +544,6 @@ def test_corrupted_kernel_calls_in_an_orchestration_raise_type_or_value_errors_o
     assert_back_to(rt, kworld.base)
 
 
-@pytest.mark.xfail(raises=OverflowError, strict=False,
-                   reason="engine/kernels/signature.py Param.validate: float(int beyond the float range) raises "
-                          "OverflowError instead of ValueError (reported to the kernels owner)")
 def test_a_float_kernel_scalar_beyond_the_float_range_is_a_value_error(kworld):
     KERNEL_PLAN["corrupt"] = lambda r, x, w, h, y: r.submit(K.scale, h, out=h, alpha=10**400)
     try:
