@@ -770,20 +770,23 @@ class DeviceMachine(RuleBasedStateMachine):
     def map_region(self, buf, offset, n):
         if self.gone(buf):
             return
-        base = buf.addr + offset  # may fall inside another allocation: that is fine too
+        base = buf.addr + offset
         view = np.zeros(max(n, 1), np.uint8)
-        inside = n > 0 and self.owner(base, n) is not None
         overlaps = any(base < b + s and b < base + n for b, (s, _) in self.mapped.items())
-        if inside and not overlaps:
+        if n > 0 and offset + n <= buf.size and not overlaps:
             self.acc.add(base, n, view)
             self.mapped[base] = (n, view)
-        else:
+        elif n == 0 or overlaps or self.owner(base, n) is None:
             self.refused(lambda: self.acc.add(base, n, view))
+        # else: past buf, inside whichever allocation the system placed next to it; what happens
+        # then depends on addresses, and hypothesis needs each step to depend on its draws only
+
+
 
     @precondition(lambda self: bool(self.mapped))
     @rule(data=st.data())
     def accessor_io(self, data):
-        base = data.draw(st.sampled_from(sorted(self.mapped)))
+        base = data.draw(st.sampled_from(list(self.mapped)))  # insertion order: the same on every replay
         size, view = self.mapped[base]
         addr = base + data.draw(st.integers(-8, size + 8))
         n = data.draw(st.integers(0, size + 8))
@@ -811,7 +814,7 @@ class DeviceMachine(RuleBasedStateMachine):
     @rule(data=st.data(), reuse=st.booleans())
     def free_under_a_mapping(self, data, reuse):
         """Freeing memory a region still maps: every transfer through that region fails closed."""
-        base = data.draw(st.sampled_from(sorted(self.mapped)))
+        base = data.draw(st.sampled_from(list(self.mapped)))
         size, view = self.mapped[base]
         buf = self.owner(base, size)
         self.device.free(buf)
