@@ -126,10 +126,6 @@ class ProcessBaseline:
         record(leak_checks=1)
 
 
-@pytest.fixture
-def process_baseline() -> ProcessBaseline:
-    return ProcessBaseline()
-
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     if not FIGURES:

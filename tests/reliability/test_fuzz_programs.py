@@ -28,7 +28,6 @@ fuzz_settings = settings(
     max_examples=size(40, 400, sanitized=12),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-    derandomize=False,
 )
 
 
