@@ -92,6 +92,15 @@ class Interrupter:
             self.gate.release.set()
 
 
+@pytest.fixture(autouse=True)
+def python_sigint_handler():
+    """Python's own SIGINT handler, whatever an earlier test or library left installed (SIG_IGN makes
+    _thread.interrupt_main and a real SIGINT do nothing)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, previous)
+
+
 @pytest.fixture
 def held_rt():
     base = ProcessBaseline()
