@@ -6,6 +6,7 @@ raises TypeError or ValueError and leaves the runtime untouched.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Mapping
 
@@ -24,7 +25,7 @@ __all__ = ["BoundArg", "BoundCall", "bind_call"]
 _TooHardError = getattr(getattr(np, "exceptions", np), "TooHardError")  # numpy.exceptions from 1.25
 
 
-@dataclass
+@dataclass(slots=True)
 class BoundArg:
     param: Param
     value: Any  # what the caller passed (None for an omitted Out)
@@ -37,7 +38,7 @@ class BoundArg:
         return isinstance(self.value, DeviceTensor)
 
 
-@dataclass
+@dataclass(slots=True)
 class BoundCall:
     args: list[BoundArg]
     dims: dict[str, int]
@@ -50,34 +51,45 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
     params = prog.params
     if len(args) > len(params):
         raise TypeError(f"{prog.name}() takes {len(params)} arguments but {len(args)} were given")
-    values: dict[str, Any] = {}
-    for p, v in zip(params, args):
-        values[p.name] = v
-    names = {p.name for p in params}
-    for k, v in kwargs.items():
-        if k not in names:
-            raise TypeError(f"{prog.name}() got an unexpected argument '{k}'")
-        if k in values:
-            raise TypeError(f"{prog.name}() got multiple values for argument '{k}'")
-        values[k] = v
+    if not params:
+        return BoundCall([], {}, False, [])
+    given: list[Any]  # one value per parameter, None where none was passed
+    if kwargs:
+        values: dict[str, Any] = {}
+        for p, v in zip(params, args):
+            values[p.name] = v
+        names = prog._names
+        for k, v in kwargs.items():
+            if k not in names:
+                raise TypeError(f"{prog.name}() got an unexpected argument '{k}'")
+            if k in values:
+                raise TypeError(f"{prog.name}() got multiple values for argument '{k}'")
+            values[k] = v
+        given = [values.get(p.name) for p in params]
+    else:
+        given = list(args)
+        if len(given) < len(params):
+            given += [None] * (len(params) - len(given))
 
     dims: dict[str, int] = {}
     dim_source: dict[str, str] = {}
     bound: list[BoundArg] = []
     written: list[tuple[str, np.ndarray]] = []  # host arrays the run writes back into
-    torch_kind = any(is_torch(v) for v in values.values())
-    for p in params:
+    torch_kind = "torch" in sys.modules and any(is_torch(v) for v in given)
+    for p, v in zip(params, given):
         spec = p.spec
-        if p.name not in values or values[p.name] is None:
+        if v is None:
             if isinstance(spec, TensorSpec) and spec.writes and not spec.reads:
                 bound.append(BoundArg(p, None))
                 continue
             raise TypeError(f"{prog.name}() missing argument '{p.name}' ({spec!r})")
-        v = values[p.name]
         if isinstance(spec, Scalar):
             bound.append(BoundArg(p, spec.check(p.name, v)))
             continue
-        if isinstance(v, DeviceTensor):
+        if type(v) is np.ndarray:  # the common case first
+            dtype = host_dtype(v)
+            shape = v.shape
+        elif isinstance(v, DeviceTensor):
             rt._check_tensor(v, f"parameter '{p.name}'")
             shape, dtype = v.shape, v.dtype
         elif is_host_array(v):
@@ -106,9 +118,10 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
                                      "(set at prepare)")
                 dims[want], dim_source[want] = got, p.name
         arg = BoundArg(p, v, shape)
-        if not arg.is_device:
+        if not isinstance(v, DeviceTensor):
             view = as_numpy_view(v)
-            if spec.writes and not view.flags.writeable:
+            flags = view.flags  # a new flags object per access: read it once
+            if spec.writes and not flags.writeable:
                 raise ValueError(f"parameter '{p.name}': output array is read-only")
             if spec.writes:
                 for other, oview in written:
@@ -116,7 +129,7 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
                         raise ValueError(f"parameters '{other}' and '{p.name}' are outputs sharing memory: "
                                          "the run would write both into the same elements")
                 written.append((p.name, view))
-            if view.flags.c_contiguous and (view.flags.writeable or spec.writes):
+            if flags.c_contiguous and (flags.writeable or spec.writes):
                 arg.host = view
             else:  # staged through a contiguous (and writable) copy; outputs are copied back after the run
                 arg.host = np.array(view, order="C", copy=True)

@@ -10,7 +10,9 @@ import numpy as np
 __all__ = ["DType", "DTYPES", "float32", "float16", "bfloat16", "int32", "int64", "uint8", "as_dtype"]
 
 
-@dataclass(frozen=True)
+# eq=False: the six DTypes below are the only instances, so identity is equality,
+# and the generated field-by-field __eq__ would cost a microsecond per comparison.
+@dataclass(frozen=True, eq=False)
 class DType:
     name: str
     code: int  # td_dtype in kernel_abi.h
@@ -20,6 +22,9 @@ class DType:
 
     def __str__(self) -> str:
         return self.name
+
+    def __reduce__(self) -> tuple[Any, tuple[str]]:
+        return as_dtype, (self.name,)  # unpickles to the same singleton, which identity equality needs
 
     def __repr__(self) -> str:
         return f"engine.{self.name}"
@@ -44,6 +49,9 @@ def as_dtype(value: Any) -> DType:
     """
     if isinstance(value, DType):
         return value
+    known = _BY_NUMPY.get(value) if isinstance(value, np.dtype) else None
+    if known is not None:  # the common case first: an array's own dtype
+        return known
     if isinstance(value, str):
         try:
             return DTYPES[value]

@@ -32,12 +32,16 @@ class Program:
         self.fn = fn
         self.name = getattr(fn, "__qualname__", repr(fn))
         self.params: tuple[Param, ...] = _parse_signature(fn)
+        self._keyword_only = any(p.keyword_only for p in self.params)
+        self._names = frozenset(p.name for p in self.params)
         self.callbacks: dict[str, int | None] = _parse_callbacks(self.name, callbacks)
         self.symbols: tuple[str, ...] = tuple(dict.fromkeys(
             s for p in self.params if isinstance(p.spec, TensorSpec) for s in p.spec.symbols))
 
     def invoke(self, run: Any, values: Sequence[Any]) -> Any:
         """Calls the orchestration function with one value per declared parameter."""
+        if not self._keyword_only:  # the usual signature: no sorting per run
+            return self.fn(run, *values)
         pos = [v for p, v in zip(self.params, values) if not p.keyword_only]
         kw = {p.name: v for p, v in zip(self.params, values) if p.keyword_only}
         return self.fn(run, *pos, **kw)

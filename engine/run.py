@@ -98,15 +98,24 @@ class Run:
 
     def submit(self, kernel: Any, *inputs: DeviceTensor, out: DeviceTensor | None = None, **scalars: Any) -> None:
         """Enters one kernel call into the task graph (validated first)."""
-        if not hasattr(kernel, "bind"):
-            raise TypeError(f"run.submit needs a kernel (engine.kernels.* or a host_kernel), not {kernel!r}")
-        call = kernel.bind(inputs, out, scalars)
-        for t in call.tensors:
-            self._rt._check_tensor(t, f"kernel '{kernel.name}' argument")
-        if self._native is None:
+        try:
+            bind = kernel.bind
+        except AttributeError:
+            raise TypeError(f"run.submit needs a kernel (engine.kernels.* or a host_kernel), not {kernel!r}") from None
+        call = bind(inputs, out, scalars)
+        rt = self._rt
+        tensors = call.tensors
+        for t in tensors:
+            # The common case inline (a live tensor of this runtime); the checker names what is wrong.
+            alloc = getattr(t, "_alloc", None)
+            if alloc is None or alloc.owner is not rt or alloc.freed or type(t) is not DeviceTensor:
+                rt._check_tensor(t, f"kernel '{kernel.name}' argument")
+        native = self._native
+        if native is None:
             return
-        self._rt._engine.submit(self._native, self._rt._native_kernel(kernel),
-                                [t._native_arg() for t in call.tensors], call.access, call.scalars)
+        entry = rt._kernels.get(id(kernel))
+        nk = entry[0] if entry is not None else rt._native_kernel(kernel)
+        rt._engine.submit(native, nk, [t._native_arg() for t in tensors], call.access, call.scalars)
 
     def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,
              writes: Sequence[DeviceTensor] | None = None) -> None:

@@ -27,22 +27,22 @@ _PLANNING_BUFFER_SIZE = 1 << 62
 class InFlight:
     """A launched run: its native run, its slot lease and the arguments it keeps alive."""
 
-    __slots__ = ("rt", "native", "lease", "call", "outputs", "_lock", "_finished", "_result", "_error")
+    __slots__ = ("rt", "native", "id", "lease", "call", "outputs", "device_span", "_lock", "_finished", "_result",
+                 "_error")
 
     def __init__(self, rt: "Runtime", native: "_native.Run", lease: Lease, call: BoundCall, outputs: list[Any]):
         self.rt = rt
         self.native = native
+        self.id: int = native.id
         self.lease = lease
         self.call: BoundCall | None = call
         self.outputs = outputs
+        # (first task start, last task end) on the engine clock, -1 when no task ran; set by finish().
+        self.device_span: tuple[int, int] = (-1, -1)
         self._lock = threading.Lock()
         self._finished = False
         self._result: Any = None
         self._error: BaseException | None = None
-
-    @property
-    def id(self) -> int:
-        return self.native.id
 
     @property
     def finished(self) -> bool:
@@ -54,20 +54,21 @@ class InFlight:
             if self._finished:
                 return
             native, call = self.native, self.call
-            assert call is not None and native.done
+            assert call is not None
             try:
-                failure = native.failure()
+                failure, cancelled, first, last = native.outcome()
+                self.device_span = (first, last)
                 if failure is not None:
-                    self._error = KernelError(native.id, *failure)
-                elif native.cancelled:
-                    self._error = RunCancelledError(f"run {native.id} was cancelled")
+                    self._error = KernelError(self.id, *failure)
+                elif cancelled:
+                    self._error = RunCancelledError(f"run {self.id} was cancelled")
                 else:
                     for i in call.outputs:
                         a = call.args[i]
                         if a.writeback is not None and a.host is not None:
                             a.writeback[...] = a.host
-                    outs = tuple(self.outputs)
-                    self._result = None if not outs else outs[0] if len(outs) == 1 else outs
+                    outs = self.outputs
+                    self._result = None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
             finally:
                 self._finished = True
                 self.call = None  # drop the arguments: the run no longer needs them
@@ -180,7 +181,7 @@ class Runtime(DeviceMemoryHandle):
                 self._callbacks[name] = self._engine.register_host_kernel(f"callback:{name}", fn)
             if scratch_bytes is None:
                 scratch_bytes = self._plan_scratch()
-            self._slots = SlotPool([self._make_slot(i, scratch_bytes) for i in range(self.depth)])
+            self._slots = SlotPool([self._make_slot(i, scratch_bytes) for i in range(self.depth)], self._state_lock)
             self.scratch_bytes = scratch_bytes
         except BaseException:
             self._teardown()
@@ -275,15 +276,17 @@ class Runtime(DeviceMemoryHandle):
 
     def _abandon(self, lease: Lease) -> None:
         """Gives back a lease that will not be launched (e.g. the caller was cancelled)."""
-        try:
-            self._slots.release(lease)
-        finally:
-            self._launched()
+        with self._state_lock:
+            try:
+                self._slots.release(lease)
+            finally:
+                self._launched()
 
     def _launched(self) -> None:
-        with self._state_cv:
+        with self._state_lock:
             self._launching -= 1
-            self._state_cv.notify_all()
+            if self._closing:  # only close() waits on this; notifying always costs every run
+                self._state_cv.notify_all()
 
     def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> InFlight:
         """Stages inputs through the slot, orchestrates and seals. Releases the lease on failure.
@@ -301,47 +304,47 @@ class Runtime(DeviceMemoryHandle):
         engine = self._engine
         spans = self._host_spans
         t_admitted = engine.now_ns() if spans is not None else 0
+        acc = slot.accessor
         try:
-            native = engine.begin_run(notify)
+            # The accessor is attached first thing: the run closes it whatever happens next.
+            native = engine.begin_run(notify, acc)
         except BaseException:
             self._slots.release(lease)
             raise
-        acc = slot.accessor
-        native.attach_accessor(acc)  # first: the run closes the accessor whatever happens next
         outputs: list[Any] = []
         try:
             fn_args: list[Any] = []
-            copy_backs: list[tuple[DeviceTensor, Allocation]] = []
+            copy_backs: list[tuple[DeviceTensor, int]] = []  # (slot view, its buffer's device address)
             for a in call.args:
                 spec = a.param.spec
                 if not isinstance(spec, TensorSpec):
                     fn_args.append(a.value)
                     continue
-                if a.is_device:
-                    fn_args.append(a.value)
+                value = a.value
+                if isinstance(value, DeviceTensor):
+                    fn_args.append(value)
                     if spec.writes:
-                        outputs.append(a.value)
+                        outputs.append(value)
                     continue
-                if a.value is None:  # omitted Out: allocate one of the callers' kind
+                if value is None:  # omitted Out: allocate one of the callers' kind
                     user, a.host = empty_like_kind(call.torch_kind, a.shape, spec.dtype)
                     outputs.append(user)
                 elif spec.writes:
-                    outputs.append(a.value)
-                buf = slot.buffers[a.param.name]
-                view = _slot_view(slot, a.param.name, buf, a.shape, spec)
+                    outputs.append(value)
+                view, addr = _slot_view(slot, a.param.name, a.shape, spec)
                 host = a.host
                 assert host is not None
-                acc.add(buf.addr, view.nbytes, host)
+                acc.add(addr, host.nbytes, host)  # host is the contiguous array of exactly the view's bytes
                 if spec.reads:
-                    acc.stage_in(buf.addr)
+                    acc.stage_in(addr)
                 if spec.writes:
-                    copy_backs.append((view, buf))
+                    copy_backs.append((view, addr))
                 fn_args.append(view)
             run = Run(self, native, slot, call.dims, slot.scratch)
             t_staged = engine.now_ns() if spans is not None else 0
             self.program.invoke(run, fn_args)
-            for view, buf in copy_backs:
-                engine.submit_copy_back(native, view._native_arg(), buf.addr)
+            for view, addr in copy_backs:
+                engine.submit_copy_back(native, view._native_arg(), addr)
             engine.seal(native)
             if spans is not None:
                 t_sealed = engine.now_ns()
@@ -361,14 +364,14 @@ class Runtime(DeviceMemoryHandle):
             raise
         inflight = InFlight(self, native, lease, call, outputs)
         with self._state_lock:
-            self._inflight[native.id] = inflight
+            self._inflight[inflight.id] = inflight
         return inflight
 
     def _release(self, inflight: InFlight) -> None:
         """Called once per run by InFlight.finish()."""
         with self._state_lock:
             self._inflight.pop(inflight.id, None)
-        self._slots.release(inflight.lease)
+            self._slots.release(inflight.lease)
 
     def _finish_completed(self, run_ids: Sequence[int]) -> list[InFlight]:
         """Finishes the runs the notifier reported; returns them (for the async layer)."""
@@ -613,17 +616,21 @@ class Runtime(DeviceMemoryHandle):
         return f"<Runtime {self.program.name} {state}>"
 
 
-def _slot_view(slot: Slot, name: str, buf: Allocation, shape: tuple[int, ...], spec: TensorSpec) -> DeviceTensor:
-    """The slot buffer viewed at this run's shape (cached: shapes repeat run after run)."""
-    cache = slot.__dict__.setdefault("views", {})
+def _slot_view(slot: Slot, name: str, shape: tuple[int, ...], spec: TensorSpec) -> tuple[DeviceTensor, int]:
+    """The slot buffer of `name` viewed at this run's shape, and the buffer's address.
+
+    Cached: shapes repeat run after run.
+    """
+    cache = slot.views
     key = (name, shape)
-    view = cache.get(key)
-    if view is None:
-        view = DeviceTensor(buf, 0, shape, contiguous_strides(shape), spec.dtype)
+    hit = cache.get(key)
+    if hit is None:
+        buf = slot.buffers[name]
+        hit = (DeviceTensor(buf, 0, shape, contiguous_strides(shape), spec.dtype), buf.addr)
         if len(cache) > 64:
             cache.clear()
-        cache[key] = view
-    return view
+        cache[key] = hit
+    return hit
 
 
 def _wait_through_interrupts(native: "_native.Run") -> KeyboardInterrupt | None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from engine import _native
@@ -32,19 +32,37 @@ class Slot:
     generation: int = 0
     leased: bool = False
     scratch_used: int = 0
+    # (parameter name, shape) -> (view of its buffer at that shape, buffer address): shapes repeat run after run.
+    views: dict[tuple[str, tuple[int, ...]], tuple[Any, int]] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
 class Lease:
-    slot: Slot = field(compare=False)
-    generation: int
+    """One run's hold on a slot, valid while the slot is still at `generation`."""
+
+    # A plain slotted class: a lease is made per run, and a frozen dataclass's
+    # __init__ costs several times more.
+    __slots__ = ("slot", "generation")
+
+    def __init__(self, slot: Slot, generation: int) -> None:
+        self.slot = slot
+        self.generation = generation
+
+    def __repr__(self) -> str:
+        return f"Lease(slot={self.slot.index}, generation={self.generation})"
 
 
 class SlotPool:
-    def __init__(self, slots: list[Slot]) -> None:
+    """The free slots, handed out in lease order.
+
+    lock: the lock guarding the pool; an owner that already holds its own
+    lock around every lease and release passes it (an RLock), so a lease
+    costs one lock instead of two.
+    """
+
+    def __init__(self, slots: list[Slot], lock: "threading.RLock | None" = None) -> None:
         self.slots = slots
         self._free: deque[Slot] = deque(slots)
-        self._lock = threading.Lock()
+        self._lock = lock if lock is not None else threading.Lock()
 
     @property
     def depth(self) -> int:

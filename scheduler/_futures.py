@@ -99,11 +99,9 @@ class RunFuture:
         return self._error
 
     def __await__(self) -> Generator[Any, None, Any]:
-        return self._wait().__await__()
-
-    async def _wait(self) -> Any:
+        # A generator, not a coroutine wrapper: one frame less on every await of a small run.
         if self._state == _PENDING:
-            await self.wait_done()
+            yield from self.wait_done().__await__()
         return self.result()
 
     async def wait_done(self) -> None:

@@ -174,8 +174,12 @@ class Metrics:
     def launched(self) -> None:
         self.dispatched += 1
 
-    def finished(self, fut: "RunFuture", native: "_native.Run", failed: bool, cancelled: bool, now_ns: int) -> None:
-        """A run released its slot: cancelled, or failed (a kernel or its copy-back), or completed."""
+    def finished(self, fut: "RunFuture", device_span: tuple[int, int], failed: bool, cancelled: bool,
+                 now_ns: int) -> None:
+        """A run released its slot: cancelled, or failed (a kernel or its copy-back), or completed.
+
+        device_span: (first task start, last task end) on the engine clock, -1 when none ran.
+        """
         if cancelled:
             self.cancelled += 1
             kind = _CANCELLED
@@ -185,7 +189,6 @@ class Metrics:
         else:
             self.completed += 1
             kind = _COMPLETED
-        times = native.times()
         ring = self._runs
         d = ring.data
         i = ring.advance()
@@ -193,8 +196,7 @@ class Metrics:
         d[i + 1] = fut.t_admit
         d[i + 2] = fut.t_launch
         d[i + 3] = fut.t_launched
-        d[i + 4] = times["first_start_ns"]
-        d[i + 5] = times["last_end_ns"]
+        d[i + 4], d[i + 5] = device_span
         d[i + 6] = now_ns
         d[i + 7] = kind
 

@@ -58,6 +58,11 @@ from typing import Any, Callable
 import anyio
 from anyio.lowlevel import checkpoint_if_cancelled
 
+try:  # the running backend's own checkpoint, looked up once per AsyncRuntime instead of per dispatch
+    from anyio._core._eventloop import get_async_backend as _get_async_backend
+except ImportError:  # pragma: no cover - a future anyio that moved it: the public function works too
+    _get_async_backend = None
+
 from engine.errors import ClosedError, RunCancelledError
 from engine.runtime import Runtime
 from engine.slots import Lease
@@ -109,6 +114,7 @@ class AsyncRuntime:
         self._engine: Any = None
         self._loop: Any = None  # the asyncio loop, or None under trio
         self._now: Callable[[], int] = _zero_clock
+        self._checkpoint: Callable[[], Any] = checkpoint_if_cancelled
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> "AsyncRuntime":
@@ -123,6 +129,8 @@ class AsyncRuntime:
         self._engine = rt._engine
         self._now = self._engine.now_ns
         self._loop = running_asyncio_loop()
+        if _get_async_backend is not None:
+            self._checkpoint = _get_async_backend().checkpoint_if_cancelled
         self._closed_event = anyio.Event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -226,7 +234,7 @@ class AsyncRuntime:
         errors raise here before admission; so does an error raised by the
         program's orchestration function, after which the slot is released.
         """
-        await checkpoint_if_cancelled()
+        await self._checkpoint()
         started = self._start(args, kwargs)
         if type(started) is RunFuture:
             return started
@@ -235,7 +243,7 @@ class AsyncRuntime:
     async def call(self, *args: Any, **kwargs: Any) -> Any:
         """dispatch() and await the future in one; cancelling the call cancels the run."""
         # dispatch() inlined: a small run's round trip feels every coroutine layer.
-        await checkpoint_if_cancelled()
+        await self._checkpoint()
         started = self._start(args, kwargs)
         fut = started if type(started) is RunFuture else await self._admitted(started)  # type: ignore[arg-type]
         if not fut.done():
@@ -295,7 +303,7 @@ class AsyncRuntime:
         fut = RunFuture(inflight, self._loop, t_dispatch, t_admit, t_launch, self._now())
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[inflight.id] = fut
-        self._metrics.launched()
+        self._metrics.dispatched += 1
         return fut
 
     def _on_grant(self, job: Job, lease: Lease) -> None:
@@ -390,12 +398,12 @@ class AsyncRuntime:
         try:
             inflight.finish()  # outcome, write-backs, slot release (idempotent)
         except Exception as e:  # a write-back into the caller's array failed: the run's error
-            self._metrics.finished(fut, inflight.native, True, fut.cancelled(), now)
+            self._metrics.finished(fut, inflight.device_span, True, fut.cancelled(), now)
             fut._settle_outcome(None, e)
             return
         err = inflight.error()
         cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
-        self._metrics.finished(fut, inflight.native, err is not None, cancelled, now)
+        self._metrics.finished(fut, inflight.device_span, err is not None, cancelled, now)
         fut._settle_outcome(None if err is not None else inflight.outcome(), err)
 
     def _check_idle(self) -> None:

@@ -275,10 +275,18 @@ class Binding:
             )
 
 
+# Types seen to have every TensorLike attribute: later arguments of those types skip the five lookups.
+_TENSOR_TYPES: set[type] = set()
+
+
 def _is_tensor(x: Any) -> bool:
     """isinstance(x, TensorLike), without the runtime-protocol check's cost (~15 us per call)."""
-    return (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "strides") and hasattr(x, "overlaps")
-            and hasattr(x, "same_view"))
+    ok = (hasattr(x, "shape") and hasattr(x, "dtype") and hasattr(x, "strides") and hasattr(x, "overlaps")
+          and hasattr(x, "same_view"))
+    if ok and not isinstance(x, type):  # remember classes whose instances carry the attributes themselves
+        if all(hasattr(type(x), a) for a in ("shape", "dtype", "strides", "overlaps", "same_view")):
+            _TENSOR_TYPES.add(type(x))
+    return ok
 
 
 def _is_shape(x: Any) -> bool:
@@ -352,6 +360,7 @@ class Kernel:
         self.inplace: tuple[str, ...] = tuple(inplace)
         self.check = check
         self._defaults = {n: p.default for n, p in params.items() if not p.required}
+        self._plain_order: tuple[str, ...] = self.inputs + ((out,) if out else ())  # without the optional tensor
         self.__doc__ = doc or f"Kernel {self.signature}"
 
     @property
@@ -373,7 +382,10 @@ class Kernel:
     def bind(self, inputs: Sequence[Any], out: Any, scalars: Mapping[str, Any]) -> Call:
         """Validate one call; return it in native order. Raises TypeError / ValueError.
 
-        Runs once per submitted task during orchestration, so it is kept lean.
+        Runs once per submitted task during orchestration, so it is kept lean:
+        tensors are checked in native order without building a name map, and
+        the Binding a check function reads is only made for kernels that have
+        one.
         """
         k = self.name
         names = self.inputs
@@ -387,42 +399,55 @@ class Kernel:
         elif out is None:
             raise TypeError(f"{k}: missing the out= tensor")
 
-        tensors: dict[str, TensorLike] = dict(zip(names, inputs))
         params = self.scalars
-        values = dict(self._defaults)
-        for key, value in scalars.items():
-            param = params.get(key)
-            if param is not None:
-                values[key] = param.validate(key, k, value)
-            elif key in self.optional:
-                if value is not None:
-                    tensors[key] = value
-            else:
-                raise TypeError(f"{k}: unexpected keyword argument '{key}'; signature is {self.signature}")
+        values = dict(self._defaults) if self._defaults else {}
+        given: tuple[str, Any] | None = None  # the optional tensor, when passed
+        if scalars:
+            for key, value in scalars.items():
+                param = params.get(key)
+                if param is not None:
+                    values[key] = param.validate(key, k, value)
+                elif key in self.optional:
+                    if value is not None:
+                        given = (key, value)
+                else:
+                    raise TypeError(f"{k}: unexpected keyword argument '{key}'; signature is {self.signature}")
         if len(values) != len(params):
             missing = next(n for n in params if n not in values)
             raise TypeError(f"{k}: missing scalar '{missing}'")
-        if out_name is not None:
-            tensors[out_name] = out
-        for name, t in tensors.items():
-            if not _is_tensor(t):
-                raise TypeError(f"{k}: argument '{name}' must be a tensor, got {type(t).__name__}")
-            if len(t.shape) > MAX_DIMS:
-                raise TypeError(f"{k}: argument '{name}' has shape {tuple(t.shape)}, more than {MAX_DIMS} dims")
 
-        binding = Binding(self, tensors, values)
-        if self.check is not None:
-            self.check(binding)
-        native = [p.to_native(values[n]) for n, p in params.items()]
-        order = list(names)
-        if self.optional and len(tensors) > len(names) + (out_name is not None):
-            order += [n for n in self.optional if n in tensors]
-        access = [READ] * len(order)
+        tensors = list(inputs)
+        if given is None:
+            order = list(self._plain_order)
+        else:
+            order = list(names)
+            order.append(given[0])
+            tensors.append(given[1])
+            if out_name is not None:
+                order.append(out_name)
         if out_name is not None:
-            self._check_aliases(tensors)
-            order.append(out_name)
-            access.append(binding.out_access)
-        return Call(self, [tensors[n] for n in order], access, native, order)
+            tensors.append(out)
+        known = _TENSOR_TYPES
+        for i, t in enumerate(tensors):
+            if type(t) not in known and not _is_tensor(t):
+                raise TypeError(f"{k}: argument '{order[i]}' must be a tensor, got {type(t).__name__}")
+            if len(t.shape) > MAX_DIMS:
+                raise TypeError(f"{k}: argument '{order[i]}' has shape {tuple(t.shape)}, more than {MAX_DIMS} dims")
+
+        n_read = len(tensors) - (out_name is not None)
+        access = [READ] * n_read
+        if self.check is not None or out_name is not None:
+            by_name = dict(zip(order, tensors))
+            out_access = WRITE
+            if self.check is not None:
+                binding = Binding(self, by_name, values)
+                self.check(binding)
+                out_access = binding.out_access
+            if out_name is not None:
+                self._check_aliases(by_name)
+                access.append(out_access)
+        native = [p.to_native(values[n]) for n, p in params.items()] if params else []
+        return Call(self, tensors, access, native, order)
 
     def _check_aliases(self, tensors: dict[str, TensorLike]) -> None:
         assert self.out is not None

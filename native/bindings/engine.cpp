@@ -186,7 +186,20 @@ void bind_engine(py::module_& m) {
              d["busy_ns"] = t.busy_ns;
              return d;
            })
-      .def("attach_accessor", &Run::attach_accessor);
+      .def("attach_accessor", &Run::attach_accessor)
+      .def(
+          "outcome",
+          [](const Run& r) {
+            // What finishing a run needs, in one call: (failure or None, cancelled, first_start_ns, last_end_ns).
+            const RunTimes t = r.times();
+            py::object failure = py::none();
+            if (r.failed()) {
+              RunFailure f = r.failure();
+              failure = py::make_tuple(f.task_index, f.kernel, f.message);
+            }
+            return py::make_tuple(failure, r.cancelled(), t.first_start_ns, t.last_end_ns);
+          },
+          "(failure or None, cancelled, first_start_ns, last_end_ns) of a completed run");
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", "Worker pool, task graph and notifier of one runtime")
       .def(py::init<std::shared_ptr<Device>, int, int>(), py::arg("device"), py::arg("workers") = 0,
@@ -215,7 +228,14 @@ void bind_engine(py::module_& m) {
             return std::const_pointer_cast<Kernel>(k);
           },
           py::arg("path"), py::arg("symbol"), py::arg("name") = py::none())
-      .def("begin_run", &Engine::begin_run, py::arg("notify") = false)
+      .def(
+          "begin_run",
+          [](Engine& e, bool notify, const std::shared_ptr<HostAccessor>& accessor) {
+            auto run = e.begin_run(notify);
+            if (accessor) run->attach_accessor(accessor);  // one call per run instead of two
+            return run;
+          },
+          py::arg("notify") = false, py::arg("accessor") = nullptr)
       .def(
           "submit",
           [](Engine& e, Run& run, const std::shared_ptr<Kernel>& kernel, const std::vector<TensorArg>& tensors,
