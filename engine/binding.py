@@ -76,11 +76,16 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
     bound: list[BoundArg] = []
     written: list[tuple[str, np.ndarray]] = []  # host arrays the run writes back into
     torch_kind = "torch" in sys.modules and any(is_torch(v) for v in given)
+    outputs: list[int] = []  # indices of Out / InOut parameters
+    omitted = False
     for p, v in zip(params, given):
         spec = p.spec
+        if isinstance(spec, TensorSpec) and spec.writes:
+            outputs.append(len(bound))
         if v is None:
             if isinstance(spec, TensorSpec) and spec.writes and not spec.reads:
                 bound.append(BoundArg(p, None))
+                omitted = True
                 continue
             raise TypeError(f"{prog.name}() missing argument '{p.name}' ({spec!r})")
         if isinstance(spec, Scalar):
@@ -137,7 +142,7 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
                     arg.writeback = view
         bound.append(arg)
 
-    for arg in bound:  # omitted Outs: shapes from the dims bound by the other arguments
+    for arg in bound if omitted else ():  # omitted Outs: shapes from the dims bound by the other arguments
         spec = arg.param.spec
         if isinstance(spec, TensorSpec) and arg.value is None:
             missing = [d for d in spec.shape if isinstance(d, str) and d not in dims]
@@ -145,7 +150,6 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
                 raise TypeError(f"parameter '{arg.param.name}' was omitted and symbol(s) {missing} are bound by no "
                                 "other argument: pass the output")
             arg.shape = tuple(d if isinstance(d, int) else dims[d] for d in spec.shape)
-    outputs = [i for i, a in enumerate(bound) if isinstance(a.param.spec, TensorSpec) and a.param.spec.writes]
     return BoundCall(bound, dims, torch_kind, outputs)
 
 

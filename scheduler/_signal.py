@@ -10,6 +10,7 @@ cancelled cancels only its own. Other backends use anyio.Event.
 from __future__ import annotations
 
 import asyncio
+from typing import Any, Generator
 
 import anyio
 
@@ -51,13 +52,18 @@ class Signal:
             self._event.set()
 
     async def wait(self) -> None:
+        await self
+
+    def __await__(self) -> Generator[Any, None, None]:
+        # A generator rather than a coroutine: an awaiter that delegates with
+        # `yield from signal.__await__()` adds no frame of its own.
         if self._set:
             return
         loop = self._loop
         if loop is None:
             if self._event is None:
                 self._event = anyio.Event()
-            await self._event.wait()
+            yield from self._event.wait().__await__()
             return
         w = loop.create_future()
         if self._waiters is None:
@@ -65,7 +71,7 @@ class Signal:
         else:
             self._waiters.append(w)
         try:
-            await w
+            yield from w.__await__()
         finally:
             if not w.done():  # cancelled: forget this waiter only
                 w.cancel()

@@ -54,6 +54,10 @@ ScalarValue = Union[int, float]
 ParamKind = Union[type, str, tuple[str, ...]]
 
 
+def _bad_scalar(kernel: str, name: str, value: Any, why: str) -> ValueError:
+    return ValueError(f"{kernel}: scalar '{name}' {why}, got {value!r}")
+
+
 class Param:
     """A scalar parameter.
 
@@ -103,45 +107,41 @@ class Param:
 
     def validate(self, name: str, kernel: str, value: Any) -> Any:
         """The value as Python would pass it on (bool, int, float or choice str); ValueError if bad."""
-
-        def bad(why: str) -> ValueError:
-            return ValueError(f"{kernel}: scalar '{name}' {why}, got {value!r}")
-
         if value is None:
             if self.nullable:
                 return None
-            raise bad(f"expects {self.describe()}")
+            raise _bad_scalar(kernel, name, value, f"expects {self.describe()}")
         kind = self.kind
         if isinstance(kind, tuple):
             if not isinstance(value, str) or value not in kind:
-                raise bad(f"must be one of {', '.join(repr(c) for c in kind)}")
+                raise _bad_scalar(kernel, name, value, f"must be one of {', '.join(repr(c) for c in kind)}")
             return value
         if kind is bool:
             if isinstance(value, (bool, numbers.Integral)) and value in (0, 1):
                 return bool(value)
-            raise bad("expects a bool")
+            raise _bad_scalar(kernel, name, value, "expects a bool")
         vt = type(value)
         # Plain int and float first: the numbers ABC checks cost a microsecond each.
         integral = vt is int or (vt is not float and vt is not bool and isinstance(value, numbers.Integral))
         if vt is bool or not (integral or vt is float or isinstance(value, numbers.Real)):
-            raise bad(f"expects {self.describe()}")
+            raise _bad_scalar(kernel, name, value, f"expects {self.describe()}")
         if kind is int:
             if not integral:
-                raise bad("expects an int")
+                raise _bad_scalar(kernel, name, value, "expects an int")
             v: ScalarValue = int(value)
         else:
             try:
                 v = float(value) if kind is float or not integral else int(value)
             except OverflowError:  # an int beyond the float range is a bad value, not a crash
-                raise bad("is beyond the float range") from None
+                raise _bad_scalar(kernel, name, value, "is beyond the float range") from None
         if isinstance(v, float) and self.finite and not math.isfinite(v):
-            raise bad("must be finite")
+            raise _bad_scalar(kernel, name, value, "must be finite")
         if self.gt is not None and not v > self.gt:
-            raise bad(f"must be > {self.gt}")
+            raise _bad_scalar(kernel, name, value, f"must be > {self.gt}")
         if self.ge is not None and not v >= self.ge:
-            raise bad(f"must be >= {self.ge}")
+            raise _bad_scalar(kernel, name, value, f"must be >= {self.ge}")
         if self.le is not None and not v <= self.le:
-            raise bad(f"must be <= {self.le}")
+            raise _bad_scalar(kernel, name, value, f"must be <= {self.le}")
         return v
 
     def to_native(self, value: Any) -> ScalarValue:
