@@ -11,7 +11,7 @@ is something a scheduler design can prevent. So:
   waiting on the kernel's run queue (/proc/thread-self/schedstat): what is
   left is time spent running our code or blocked (in a syscall, on the GIL
   held by another thread), which is what the bound is about;
-- a measurement over the bound is repeated (at most twice) and the best
+- a measurement over the bound is repeated (at most four times) and the best
   attempt must be under it: such outliers are rare and random, whereas a
   scheduler that blocks the loop fails every attempt;
 - if every attempt is over the bound, a control runs the same device work
@@ -124,7 +124,7 @@ async def test_heartbeat_lag_stays_under_5ms(make_rt, in_thread, anyio_backend):
     mode = "a worker thread" if in_thread else "the loop thread"
     attempts = []
     report = []
-    for _ in range(3):
+    for _ in range(5):
         raw, own, beats = await with_heartbeat(scheduler_work(rt, in_thread))
         assert beats > DISPATCHES // 4  # the heartbeat really ran throughout
         attempts.append(charged(raw, own))
