@@ -58,7 +58,7 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
         values: dict[str, Any] = {}
         for p, v in zip(params, args):
             values[p.name] = v
-        names = prog._names
+        names = prog.param_names
         for k, v in kwargs.items():
             if k not in names:
                 raise TypeError(f"{prog.name}() got an unexpected argument '{k}'")

@@ -33,7 +33,7 @@ class Program:
         self.name = getattr(fn, "__qualname__", repr(fn))
         self.params: tuple[Param, ...] = _parse_signature(fn)
         self._keyword_only = any(p.keyword_only for p in self.params)
-        self._names = frozenset(p.name for p in self.params)
+        self.param_names: frozenset[str] = frozenset(p.name for p in self.params)
         self.callbacks: dict[str, int | None] = _parse_callbacks(self.name, callbacks)
         self.symbols: tuple[str, ...] = tuple(dict.fromkeys(
             s for p in self.params if isinstance(p.spec, TensorSpec) for s in p.spec.symbols))

@@ -301,6 +301,7 @@ class AsyncRuntime:
             self._admission.refill()  # the failed launch released its slot
             raise
         fut = RunFuture(inflight, self._loop, t_dispatch, t_admit, t_launch, self._now())
+        fut._complete_early = self._complete_early
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[inflight.id] = fut
         self._metrics.dispatched += 1
@@ -368,6 +369,7 @@ class AsyncRuntime:
                 self._complete(fut, self._now())
                 freed = True
             else:
+                fut._complete_early = self._complete_early
                 self._pending[inflight.id] = fut
             if job.abandoned or self._cancelling:
                 fut.cancel()
@@ -387,6 +389,17 @@ class AsyncRuntime:
                 fut = pending.pop(rid, None)
                 if fut is not None:  # None: finished at registration (worker-thread launches)
                     self._complete(fut, now)
+        if self._admission.waiting:
+            self._admission.refill()
+        if self._idle_event is not None:
+            self._check_idle()
+
+    def _complete_early(self, fut: RunFuture) -> None:
+        """An awaiter found fut's run done on the device before the pump did: finish it now (loop thread)."""
+        inflight = fut.inflight
+        if inflight is None or self._pending.pop(inflight.id, None) is None:
+            return  # the pump got there first
+        self._complete(fut, self._now())
         if self._admission.waiting:
             self._admission.refill()
         if self._idle_event is not None:

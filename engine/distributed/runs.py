@@ -96,6 +96,11 @@ class DistInFlight:
     def finished(self) -> bool:
         return self._finished
 
+    @property
+    def device_span(self) -> tuple[int, int]:
+        """(first task start, last task end) on the host clock, -1 when no task ran (as InFlight's)."""
+        return self.native.first_start_ns, self.native.last_end_ns
+
     def finish(self) -> None:
         """After the run completed: outcome, copies back to the caller's arrays, slot release. Exactly once."""
         with self._lock:

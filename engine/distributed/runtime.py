@@ -93,9 +93,10 @@ class DistributedRuntime(DeviceMemoryHandle):
         self._registry = Registry({id(p): (i, p, b) for i, (p, b) in enumerate(zip(self._plan.programs,
                                                                                    self._plan.bounds))})
         self._callbacks = {name: (tags, fns[name]) for name, tags in prog.callbacks.items()}
-        self._sig = SimpleNamespace(name=prog.name, params=tuple(  # what bind_call sees: PerWorker unwrapped
-            Param(p.name, tensor_spec(p), p.keyword_only) if isinstance(p.spec, PerWorker) else p
-            for p in prog.params))
+        params = tuple(Param(p.name, tensor_spec(p), p.keyword_only) if isinstance(p.spec, PerWorker) else p
+                       for p in prog.params)
+        # What bind_call sees: the program's signature with PerWorker unwrapped.
+        self._sig = SimpleNamespace(name=prog.name, params=params, param_names=frozenset(p.name for p in params))
         self._per_worker = [i for i, p in enumerate(prog.params) if isinstance(p.spec, PerWorker)]
 
         self._state_lock = threading.RLock()
