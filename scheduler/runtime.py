@@ -23,7 +23,8 @@ in a worker thread instead (scheduler._launch), in admission order, one batch
 per thread hop: for programs whose orchestration is heavy enough to delay
 other work on the loop. Binding always runs on the loop (it is validation).
 The loop never waits for the device: completions arrive through the
-notifier's fd (scheduler._pump); the only blocking wait is the error path of
+notifier's fd (scheduler._pump), and an awaiter that finds its run already
+done on the device finishes it on the spot (RunFuture._poll); the only blocking wait is the error path of
 an orchestration that raised half-way, which waits for the tasks it already
 started.
 
@@ -387,8 +388,13 @@ class AsyncRuntime:
             now = self._now()
             for rid in ids:
                 fut = pending.pop(rid, None)
-                if fut is not None:  # None: finished at registration (worker-thread launches)
-                    self._complete(fut, now)
+                if fut is not None:  # None: finished already (at registration, or by an awaiter)
+                    try:
+                        self._complete(fut, now)
+                    except BaseException as e:  # noqa: BLE001 - a bug here must reach the run's awaiters
+                        # This runs as a loop callback: an exception would only be logged by the
+                        # loop, and the future's awaiters would wait forever.
+                        fut._settle_outcome(None, e)
         if self._admission.waiting:
             self._admission.refill()
         if self._idle_event is not None:

@@ -264,3 +264,44 @@ async def test_one_wakeup_delivers_every_run_completed_since_the_last(make_rt):
 
 
 PATIENCE = 20.0
+
+
+async def test_awaiting_a_run_the_device_already_finished_completes_it_without_the_pump(make_rt):
+    rt = make_rt(tagged, depth=2)
+    art = AsyncRuntime(rt)
+    wakeups = []
+    real = art._on_completions
+
+    def counting() -> None:
+        wakeups.append(1)
+        real()
+
+    art._on_completions = counting  # type: ignore[method-assign]  # the pump binds it at entry
+    async with art:
+        before = baseline(rt)
+        fut = await art.dispatch(3.0, 0)
+        assert fut.inflight is not None and fut.inflight.native.wait(PATIENCE)  # the loop has not turned
+        assert not fut.done() and not wakeups
+        np.testing.assert_array_equal(await fut, filled(3.0))  # finished here, not by the pump
+        assert not wakeups and art.in_flight == 0 and art.stats().completed == 1
+        await eventually(lambda: len(wakeups) >= 1)  # the pump still wakes for the run and skips it
+        np.testing.assert_array_equal(await art.call(4.0, 0), filled(4.0))
+        assert art.stats().completed == 2 and baseline(rt) == before
+
+
+async def test_an_error_while_completing_reaches_the_future_instead_of_hanging_it(make_rt):
+    rt = make_rt(tagged, depth=2)
+    async with AsyncRuntime(rt) as art:
+        before = baseline(rt)
+        real = art._metrics.finished
+
+        def broken(*args, **kwargs) -> None:
+            raise RuntimeError("bookkeeping bug")
+
+        art._metrics.finished = broken  # type: ignore[method-assign]
+        fut = await art.dispatch(1.0, 0)
+        await eventually(fut.done, "the pump settles the future")  # by the pump: nobody awaits it yet
+        assert isinstance(fut.exception(), RuntimeError) and "bookkeeping bug" in str(fut.exception())
+        assert art.in_flight == 0 and baseline(rt) == before  # the run was finished and its slot freed first
+        art._metrics.finished = real  # type: ignore[method-assign]
+        np.testing.assert_array_equal(await art.call(2.0, 0), filled(2.0))
