@@ -240,10 +240,9 @@ async def test_one_async_runtime_per_runtime_and_entry_rules(make_rt):
         AsyncRuntime(object())  # type: ignore[arg-type]
 
 
-async def test_one_wakeup_delivers_every_run_completed_since_the_last(make_rt):
-    rt = make_rt(tagged, depth=8)
-    art = AsyncRuntime(rt)
-    wakeups = []
+def count_wakeups(art: AsyncRuntime) -> list[int]:
+    """Makes the completion pump of `art` (not entered yet) append to the returned list on every wake-up."""
+    wakeups: list[int] = []
     real = art._on_completions
 
     def counting() -> None:
@@ -251,6 +250,13 @@ async def test_one_wakeup_delivers_every_run_completed_since_the_last(make_rt):
         real()
 
     art._on_completions = counting  # type: ignore[method-assign]  # the pump binds it at entry
+    return wakeups
+
+
+async def test_one_wakeup_delivers_every_run_completed_since_the_last(make_rt):
+    rt = make_rt(tagged, depth=8)
+    art = AsyncRuntime(rt)
+    wakeups = count_wakeups(art)
     async with art:
         futs = [await art.dispatch(float(i), 0) for i in range(8)]
         for f in futs:  # block the loop until the device finished all eight
@@ -269,14 +275,7 @@ PATIENCE = 20.0
 async def test_awaiting_a_run_the_device_already_finished_completes_it_without_the_pump(make_rt):
     rt = make_rt(tagged, depth=2)
     art = AsyncRuntime(rt)
-    wakeups = []
-    real = art._on_completions
-
-    def counting() -> None:
-        wakeups.append(1)
-        real()
-
-    art._on_completions = counting  # type: ignore[method-assign]  # the pump binds it at entry
+    wakeups = count_wakeups(art)
     async with art:
         before = baseline(rt)
         fut = await art.dispatch(3.0, 0)
