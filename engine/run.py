@@ -115,7 +115,9 @@ class Run:
             return
         entry = rt._kernels.get(id(kernel))
         nk = entry[0] if entry is not None else rt._native_kernel(kernel)
-        rt._engine.submit(native, nk, [t._native_arg() for t in tensors], call.access, call.scalars)
+        engine = rt._engine
+        assert engine is not None  # a run in flight keeps its runtime open
+        engine.submit(native, nk, [t._native_arg() for t in tensors], call.access, call.scalars)
 
     def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,
              writes: Sequence[DeviceTensor] | None = None) -> None:
@@ -142,7 +144,9 @@ class Run:
                     raise ValueError(f"callback '{name}': a tensor in {label} is not among its arguments")
         if self._native is None:
             return
-        self._rt._engine.submit(self._native, native_kernel, [t._native_arg() for t in tensors], access, [])
+        engine = self._rt._engine
+        assert engine is not None  # a run in flight keeps its runtime open
+        engine.submit(self._native, native_kernel, [t._native_arg() for t in tensors], access, [])
 
     def scratch(self, shape: Sequence[int | str], dtype: Any = "float32") -> DeviceTensor:
         """A tensor from this run's scratch arena (symbols resolve to this run's dims)."""

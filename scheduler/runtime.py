@@ -59,6 +59,7 @@ from typing import Any, Callable
 import anyio
 from anyio.lowlevel import checkpoint_if_cancelled
 
+_get_async_backend: Callable[[], Any] | None
 try:  # the running backend's own checkpoint, looked up once per AsyncRuntime instead of per dispatch
     from anyio._core._eventloop import get_async_backend as _get_async_backend
 except ImportError:  # pragma: no cover - a future anyio that moved it: the public function works too
