@@ -169,6 +169,7 @@ class Runtime(DeviceMemoryHandle):
         self._owned: dict[int, Allocation] = {}  # every live allocation of this runtime, by id
         self._inflight: dict[int, InFlight] = {}  # by native run id, in launch order
         self._kernels: dict[int, tuple[Any, Any]] = {}  # id(kernel object) -> (native kernel, object)
+        self._calls: dict[tuple, Any] = {}  # validated kernel calls, reused by run.submit (engine.run._call_key)
         self._callbacks: dict[str, Any] = {}
         self._host_spans: list[tuple[int, int, str, int, int]] | None = None  # when tracing
         self._device: _native.Device | None = None
@@ -594,6 +595,7 @@ class Runtime(DeviceMemoryHandle):
                 self._device.free(alloc.buf)
             self._owned.clear()
         self._kernels.clear()
+        self._calls.clear()  # they hold tensors, whose allocations hold this runtime
         self._callbacks.clear()
         self._engine = None
         self._device = None

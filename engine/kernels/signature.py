@@ -32,7 +32,6 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Union
 
 from engine.dtypes import DType
-from engine.tensor import DeviceTensor
 from engine.tensor_protocol import TensorLike
 
 __all__ = ["READ", "WRITE", "READWRITE", "REQUIRED", "Param", "Kernel", "Binding", "Call", "MAX_DIMS"]
@@ -53,31 +52,6 @@ REQUIRED: Any = _Required()
 
 ScalarValue = Union[int, float]
 ParamKind = Union[type, str, tuple[str, ...]]
-
-
-_MEMO_SIZE = 64  # calls remembered per kernel; a program making new views every run only churns this
-_SCALAR_TYPES = (int, float, bool, str, type(None))
-
-
-def _memo_key(inputs: Sequence[Any], out: Any, scalars: Mapping[str, Any]) -> tuple | None:
-    """What makes a call over DeviceTensors validate the same, or None when it cannot be remembered."""
-    for t in inputs:
-        if type(t) is not DeviceTensor:
-            return None
-    if out is not None and type(out) is not DeviceTensor:
-        return None
-    items: list[tuple[str, type, Any]] = []
-    for k, v in scalars.items():
-        vt = type(v)
-        if vt is DeviceTensor:  # an optional tensor given by keyword: by identity, like the others
-            items.append((k, vt, id(v)))
-        elif vt in _SCALAR_TYPES:  # by type too: 1, 1.0 and True compare equal but validate differently
-            if vt is float and v != v:  # NaN is never equal to itself: no hit; the check reports it
-                return None
-            items.append((k, vt, v))
-        else:
-            return None
-    return (tuple(map(id, inputs)), id(out), tuple(items))
 
 
 def _bad_scalar(kernel: str, name: str, value: Any, why: str) -> ValueError:
@@ -386,7 +360,6 @@ class Kernel:
         self.inplace: tuple[str, ...] = tuple(inplace)
         self.check = check
         self._defaults = {n: p.default for n, p in params.items() if not p.required}
-        self._memo: dict[tuple, Call] = {}  # see bind()
         self._plain_order: tuple[str, ...] = self.inputs + ((out,) if out else ())  # without the optional tensor
         self.__doc__ = doc or f"Kernel {self.signature}"
 
@@ -408,29 +381,6 @@ class Kernel:
 
     def bind(self, inputs: Sequence[Any], out: Any, scalars: Mapping[str, Any]) -> Call:
         """Validate one call; return it in native order. Raises TypeError / ValueError.
-
-        Steady-state orchestration repeats its calls run after run: the same
-        slot views and resident tensors, the same scalar values. A
-        DeviceTensor is an immutable view, so a call over the same tensor
-        objects and scalar values validates to the same Call; the last few
-        are kept (the Call holds its tensors, so their ids stay theirs) and
-        handed out again. Freed and foreign tensors are caught by run.submit,
-        which checks every tensor of every call.
-        """
-        key = _memo_key(inputs, out, scalars)
-        if key is None:
-            return self._validate(inputs, out, scalars)
-        memo = self._memo
-        call = memo.get(key)
-        if call is None:
-            call = self._validate(inputs, out, scalars)
-            if len(memo) >= _MEMO_SIZE:
-                memo.clear()
-            memo[key] = call
-        return call
-
-    def _validate(self, inputs: Sequence[Any], out: Any, scalars: Mapping[str, Any]) -> Call:
-        """bind() without the memo.
 
         Runs once per submitted task during orchestration, so it is kept lean:
         tensors are checked in native order without building a name map, and

@@ -8,6 +8,7 @@ import pytest
 
 import engine
 from engine import In, InOut, Out, Scalar
+from engine import kernels as K
 
 from .conftest import k_add, k_copy, k_matmul, k_relu, k_scale
 
@@ -356,3 +357,93 @@ def test_host_callback_with_no_tensors(prepared):
     rt(np.zeros(2, np.float32))
     assert len(ticks) == 2
     assert threading.get_ident() not in ticks  # runs as a task on a pool worker
+
+
+# -- validated calls kept by the runtime ---------------------------------------------------------
+@engine.program
+def scaled_copy(run, x: In((4,)), y: Out((4,)), k: Scalar(float)):
+    run.submit(K.scale, x, out=y, alpha=k)
+
+
+def test_a_repeated_call_over_the_same_tensors_is_validated_once(prepared, monkeypatch):
+    rt = prepared(scaled_copy, depth=1)
+    x = np.arange(4, dtype=np.float32)
+    rt(x, k=2.0)  # the planning pass and the first run validate
+    binds = []
+    real = type(K.scale).bind
+
+    def counting(self, *args):
+        binds.append(self.name)
+        return real(self, *args)
+
+    monkeypatch.setattr(type(K.scale), "bind", counting)
+    for k in (2.0, 2.0, 3.0, 3.0):
+        np.testing.assert_array_equal(rt(x, k=k), x * k)
+    assert binds == ["scale"]  # 2.0 was kept from the first run, 3.0 validated once
+
+
+_alpha = [1.0]
+
+
+@engine.program
+def scaled_by_box(run, x: In((4,)), y: Out((4,))):
+    run.submit(K.scale, x, out=y, alpha=_alpha[0])
+
+
+def test_a_kept_call_still_meets_every_check(prepared):
+    rt = prepared(scaled_copy, depth=1)
+    t = rt.alloc_tensor((4,), "float32", init=np.ones(4, np.float32))
+    out = rt.alloc_tensor((4,), "float32")
+
+    @engine.program
+    def resident(run, k: Scalar(float)):
+        run.submit(K.scale, t, out=out, alpha=k)
+
+    with pytest.raises(ValueError, match="another runtime"):
+        prepared(resident, depth=1)  # its planning pass meets rt's tensors
+
+    # A scalar equal in value to a kept one but of another type is validated on its own:
+    # 1.0 == True, and True is no float alpha.
+    rt2 = prepared(scaled_by_box, depth=1)
+    x = np.arange(4, dtype=np.float32)
+    _alpha[0] = 1.0
+    try:
+        np.testing.assert_array_equal(rt2(x), x)
+        _alpha[0] = True
+        with pytest.raises(ValueError, match="alpha"):
+            rt2(x)
+    finally:
+        _alpha[0] = 1.0
+    np.testing.assert_array_equal(rt2(x), x)  # the runtime is still usable
+
+    # A tensor freed after its call was kept is still refused.
+    box: list = [None]
+
+    @engine.program
+    def from_box(run, y: Out((4,))):
+        if box[0] is not None:  # empty during the planning pass
+            run.submit(K.scale, box[0], out=y, alpha=2.0)
+
+    rt3 = prepared(from_box, depth=1)
+    box[0] = rt3.alloc_tensor((4,), "float32", init=np.ones(4, np.float32))
+    np.testing.assert_array_equal(rt3(), np.full(4, 2.0, np.float32))
+    rt3.free_tensor(box[0])
+    with pytest.raises(ValueError, match="freed"):
+        rt3()
+
+
+def test_a_runtime_dropped_without_close_is_collected_with_its_kept_calls():
+    import gc
+    import weakref
+
+    def make() -> "weakref.ref[engine.Runtime]":
+        rt = scaled_copy.prepare(depth=1, workers=1)
+        rt(np.ones(4, np.float32), k=2.0)
+        assert rt._calls  # it did keep the call, whose tensors hold allocations that hold rt
+        return weakref.ref(rt)
+
+    threads = threading.active_count()
+    ref = make()
+    gc.collect()
+    assert ref() is None  # collected (and closed by __del__): nothing global holds it
+    assert threading.active_count() == threads
