@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
-import os
 import random
 import sys
 import time
@@ -37,35 +36,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import anyio  # noqa: E402
-import numpy as np  # noqa: E402
 
 from _common import print_table, write_json  # noqa: E402
 
 import engine  # noqa: E402
-from engine import In, Out, Scalar  # noqa: E402
-from engine import kernels as K  # noqa: E402
 from scheduler import AsyncRuntime  # noqa: E402
+# The program, jobs and outcome checks the stress test drives too.
+from tests.reliability.stress_program import BOUND, Job, Tally, lookup, make_job, make_table  # noqa: E402
 
-ROWS, WIDTH, BOUND, TASKS = 16, 8, 8, 16
+TASKS = 16
 GROWTH_LIMIT = 1.05
-
-
-@engine.host_kernel(name="plus_one_or_raise")
-def plus_one_or_raise(h: np.ndarray, out: np.ndarray, fail: int) -> None:
-    if fail:
-        raise RuntimeError("injected host-kernel failure")
-    np.add(h, 1.0, out=out)
-
-
-@engine.program
-def lookup(run: engine.Run, x: In(("B", WIDTH)), ids: In(("B",), "int32"), table: In((ROWS, WIDTH)),
-           y: Out(("B", WIDTH)), fail_host: Scalar(int), ns: Scalar(int)):
-    h = run.scratch(("B", WIDTH))
-    run.submit(K.embedding, ids, table, out=h)  # fails on an id outside the table
-    if ns > 0:
-        run.submit(K.spin, ns=ns)
-    run.submit(K.add, h, x, out=h)
-    run.submit(plus_one_or_raise, h, out=y, fail=fail_host)
 
 
 def rss_bytes() -> int:
@@ -92,75 +72,56 @@ class Soak:
     def __init__(self, runs: int, checkpoint: int, seed: int) -> None:
         self.runs, self.checkpoint = runs, checkpoint
         self.rng = random.Random(seed)
-        self.table = np.random.default_rng(seed).integers(-4, 5, (ROWS, WIDTH)).astype(np.float32)
+        self.table = make_table(seed)
         self.started = 0
-        self.ok = self.failed = self.cancelled = 0
+        self.tally = Tally()
         self.wrong: list[str] = []
         self.readings: list[tuple[int, int]] = []  # (runs started, rss bytes)
         self.paused: anyio.Event | None = None
 
-    def job(self, r: random.Random) -> tuple[tuple, np.ndarray | None, str]:
-        b = r.randint(1, BOUND)
-        x = np.array([[r.randint(-3, 3) for _ in range(WIDTH)] for _ in range(b)], np.float32)
-        ids = np.array([r.randrange(ROWS) for _ in range(b)], np.int32)
-        fail = ""
-        if r.random() < 0.1:
-            fail = r.choice(["native", "host"])
-            if fail == "native":
-                ids[r.randrange(b)] = ROWS + r.randrange(4)
-        ns = 20_000 if r.random() < 0.1 else 0
-        want = None if fail else self.table[ids] + x + 1.0
-        return (x, ids, self.table_arg if r.random() < 0.5 else self.table, None, int(fail == "host"), ns), want, fail
-
-    def outcome(self, want: np.ndarray | None, fail: str, y: Any = None, error: BaseException | None = None) -> None:
-        if isinstance(error, engine.RunCancelledError):
-            self.cancelled += 1
-        elif isinstance(error, engine.KernelError):
-            expected = {"native": "embedding", "host": "plus_one_or_raise"}.get(fail)
-            if expected is None or expected not in error.kernel:
-                self.wrong.append(f"unexpected failure: {error}")
-            self.failed += 1
-        elif error is not None:
-            self.wrong.append(f"unexpected error {type(error).__name__}: {error}")
-        elif want is None:
-            self.wrong.append(f"an injected {fail} failure did not fail its run")
-        elif not np.array_equal(y, want):
-            self.wrong.append("a surviving run gave a wrong answer")
-        else:
-            self.ok += 1
+    def outcome(self, job: Job, y: Any = None, error: BaseException | None = None) -> None:
+        """Classifies one outcome; anything wrong is recorded (the soak reports it and exits 1)."""
+        try:
+            if error is None:
+                self.tally.result(job, self.table, y)
+            else:
+                self.tally.error(job, error)
+        except AssertionError as e:
+            self.wrong.append(str(e))
 
     async def one(self, art: AsyncRuntime, r: random.Random) -> None:
-        args, want, fail = self.job(r)
+        job = make_job(r, fail_rate=0.1, spin_rate=0.1)
+        args = job.args(self.table_arg if r.random() < 0.5 else self.table)
         how = r.choice(["call", "call", "dispatch", "dispatch", "cancel", "timeout-call", "timeout-dispatch"])
         try:
             if how == "call":
-                self.outcome(want, fail, await art.call(*args))
+                self.outcome(job, await art.call(*args))
             elif how == "dispatch":
-                self.outcome(want, fail, await (await art.dispatch(*args)))
+                self.outcome(job, await (await art.dispatch(*args)))
             elif how == "cancel":
                 fut = await art.dispatch(*args)
                 await anyio.sleep(0)
                 if fut.cancel():
-                    self.cancelled += 1
+                    self.tally.cancelled += 1
                 else:
-                    self.outcome(want, fail, await fut)
+                    self.outcome(job, await fut)
             elif how == "timeout-call":
                 with anyio.move_on_after(r.choice([0, 1e-4, 1e-3])) as scope:
                     y = await art.call(*args)
                 if scope.cancelled_caught:
-                    self.cancelled += 1
+                    self.tally.cancelled += 1
                 else:
-                    self.outcome(want, fail, y)
+                    self.outcome(job, y)
             else:
                 fut = None
                 with anyio.move_on_after(r.choice([0, 1e-4])):
                     fut = await art.dispatch(*args)
                 if fut is None:
-                    self.cancelled += 1
+                    self.tally.cancelled += 1
                 else:
-                    self.outcome(want, fail, await fut)
+                    self.outcome(job, await fut)
         except (engine.KernelError, engine.RunCancelledError) as e:
-            self.outcome(want, fail, error=e)
+            self.outcome(job, error=e)
 
     async def worker(self, art: AsyncRuntime, seed: int) -> None:
         r = random.Random(seed)
@@ -223,14 +184,14 @@ def main(argv: list[str] | None = None) -> int:
     figures = {
         "runs": runs, "backend": args.backend, "tasks": TASKS,
         "rss_at": {str(n): b for n, b in soak.readings}, "rss_ratio": ratio, "peak_rss": peak_rss_bytes(),
-        "ok": soak.ok, "failed": soak.failed, "cancelled": soak.cancelled, "wrong": len(soak.wrong),
+        "ok": soak.tally.ok, "failed": soak.tally.failed, "cancelled": soak.tally.cancelled, "wrong": len(soak.wrong),
         "dispatched": stats.dispatched, "completed": stats.completed, "runs_failed": stats.failed,
         "runs_cancelled": stats.cancelled, "native_runs": out["engine"]["runs_started"],
         "counters_base": out["base"], "counters_after": out["after"], "elapsed_s": out["elapsed_s"],
         "runs_per_s": runs / out["elapsed_s"],
     }
     print_table(["runs", "rss MiB", "ratio to the first"], [[n, b / 2**20, b / rss0] for n, b in soak.readings])
-    print(f"outcomes: {soak.ok} ok, {soak.failed} failed as injected, {soak.cancelled} cancelled, "
+    print(f"outcomes: {soak.tally.ok} ok, {soak.tally.failed} failed as injected, {soak.tally.cancelled} cancelled, "
           f"{len(soak.wrong)} wrong; {out['engine']['runs_started']} runs reached the engine; "
           f"{figures['runs_per_s']:.0f} dispatches/s")
     write_json("soak", figures, args.json)

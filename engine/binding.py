@@ -33,10 +33,6 @@ class BoundArg:
     host: np.ndarray | None = None  # contiguous numpy view staged through the slot
     writeback: np.ndarray | None = None  # caller's non-contiguous array, filled after the run
 
-    @property
-    def is_device(self) -> bool:
-        return isinstance(self.value, DeviceTensor)
-
 
 @dataclass(slots=True)
 class BoundCall:

@@ -156,11 +156,10 @@ class Run:
         native = self._native
         if native is None:
             return
-        entry = rt._kernels.get(id(kernel))
-        nk = entry[0] if entry is not None else rt._native_kernel(kernel)
         engine = rt._engine
         assert engine is not None  # a run in flight keeps its runtime open
-        engine.submit(native, nk, [t._native_arg() for t in tensors], call.access, call.scalars)
+        engine.submit(native, rt._native_kernel(kernel), [t._native_arg() for t in tensors], call.access,
+                      call.scalars)
 
     def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,
              writes: Sequence[DeviceTensor] | None = None) -> None:

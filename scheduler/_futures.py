@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from typing import TYPE_CHECKING, Any, Callable, Generator
 
 from engine.errors import RunCancelledError
@@ -101,7 +102,16 @@ class RunFuture:
         return self._error
 
     def __await__(self) -> Generator[Any, None, Any]:
-        # A generator delegating straight to the signal: no coroutine frames on every await of a small run.
+        # Generators delegating straight to the signal: no coroutine frames on every await of a small run.
+        yield from self._until_done()
+        return self.result()
+
+    async def wait_done(self) -> None:
+        """Waits until the future is done, without taking its outcome."""
+        await self._until_done()
+
+    @types.coroutine
+    def _until_done(self) -> Generator[Any, None, None]:
         if self._state == _PENDING:
             self._poll()
         if self._state == _PENDING:
@@ -109,17 +119,6 @@ class RunFuture:
             if signal is None:
                 signal = self._signal = Signal(self._loop)
             yield from signal.__await__()
-        return self.result()
-
-    async def wait_done(self) -> None:
-        """Waits until the future is done, without taking its outcome."""
-        if self._state == _PENDING:
-            self._poll()
-        if self._state == _PENDING:
-            signal = self._signal
-            if signal is None:
-                signal = self._signal = Signal(self._loop)
-            await signal.wait()
 
     def __repr__(self) -> str:
         state = ("pending", "done", "cancelled")[self._state]

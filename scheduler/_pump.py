@@ -40,7 +40,7 @@ class CompletionPump:
         if loop is not None:
             try:
                 loop.add_reader(self._fd, self._on_ready)
-            except NotImplementedError:  # a loop without add_reader: fall back to the task
+            except NotImplementedError:  # a loop without add_reader (Windows' proactor): the task below serves
                 pass
             else:
                 self._loop = loop

@@ -306,7 +306,7 @@ class AsyncRuntime:
         fut._complete_early = self._complete_early
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[inflight.id] = fut
-        self._metrics.dispatched += 1
+        self._metrics.launched()
         return fut
 
     def _on_grant(self, job: Job, lease: Lease) -> None:
@@ -390,27 +390,35 @@ class AsyncRuntime:
             for rid in ids:
                 fut = pending.pop(rid, None)
                 if fut is not None:  # None: finished already (at registration, or by an awaiter)
-                    try:
-                        self._complete(fut, now)
-                    except BaseException as e:  # noqa: BLE001 - a bug here must reach the run's awaiters
-                        # This runs as a loop callback: an exception would only be logged by the
-                        # loop, and the future's awaiters would wait forever.
-                        fut._settle_outcome(None, e)
-        if self._admission.waiting:
-            self._admission.refill()
-        if self._idle_event is not None:
-            self._check_idle()
+                    self._complete_guarded(fut, now)
+        self._after_completions()
 
     def _complete_early(self, fut: RunFuture) -> None:
         """An awaiter found fut's run done on the device before the pump did: finish it now (loop thread)."""
         inflight = fut.inflight
         if inflight is None or self._pending.pop(inflight.id, None) is None:
             return  # the pump got there first
-        self._complete(fut, self._now())
+        self._complete_guarded(fut, self._now())
+        self._after_completions()
+
+    def _after_completions(self) -> None:
+        """Slots may have freed: hand them to waiters; wake drain() when nothing is in flight."""
         if self._admission.waiting:
             self._admission.refill()
         if self._idle_event is not None:
             self._check_idle()
+
+    def _complete_guarded(self, fut: RunFuture, now: int) -> None:
+        """_complete(), with an error in it (a bug) settling the future rather than escaping.
+
+        Escaping, it would be logged by the loop (the pump runs as a loop
+        callback) or raised to one awaiter, and the future, already out of
+        the pending table, would leave its other awaiters waiting forever.
+        """
+        try:
+            self._complete(fut, now)
+        except BaseException as e:  # noqa: BLE001
+            fut._settle_outcome(None, e)
 
     def _complete(self, fut: RunFuture, now: int) -> None:
         inflight = fut.inflight

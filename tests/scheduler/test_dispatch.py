@@ -304,3 +304,22 @@ async def test_an_error_while_completing_reaches_the_future_instead_of_hanging_i
         assert art.in_flight == 0 and baseline(rt) == before  # the run was finished and its slot freed first
         art._metrics.finished = real  # type: ignore[method-assign]
         np.testing.assert_array_equal(await art.call(2.0, 0), filled(2.0))
+
+
+async def test_an_asyncio_loop_without_add_reader_gets_the_pump_task(make_rt, anyio_backend, monkeypatch):
+    if anyio_backend != "asyncio":
+        pytest.skip("add_reader is an asyncio loop method")
+    import asyncio
+
+    loop = asyncio.get_running_loop()
+
+    def unsupported(*args, **kwargs):
+        raise NotImplementedError
+
+    monkeypatch.setattr(loop, "add_reader", unsupported)
+    rt = make_rt(tagged, depth=2)
+    async with AsyncRuntime(rt) as art:
+        futs = [await art.dispatch(float(i), 0) for i in range(4)]
+        await eventually(lambda: all(f.done() for f in futs), "the pump task delivers completions")
+        for i, f in enumerate(futs):
+            np.testing.assert_array_equal(f.result(), filled(float(i)))
