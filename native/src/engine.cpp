@@ -206,8 +206,7 @@ void Engine::finish_run(Run& run) {
     }
   }
   runs_completed_.fetch_add(1, std::memory_order_relaxed);
-  run.finish(now_ns());
-  if (run.notify()) notifier_.push(run.id());
+  run.finish(now_ns(), run.notify() ? &notifier_ : nullptr);
   live_cv_.notify_all();
 }
 

@@ -4,6 +4,7 @@
 #include <thread>
 
 #include "tandem/engine.hpp"
+#include "tandem/notifier.hpp"
 
 namespace tandem {
 
@@ -35,17 +36,17 @@ bool Run::wait(double timeout_s) {
   const auto until = std::chrono::steady_clock::now() +
                      std::min(std::chrono::duration<double>(timeout_s < 0 ? 1.0 : timeout_s),
                               std::chrono::duration<double>(100e-6));
-  while (!done() && std::chrono::steady_clock::now() < until) {
-    for (int i = 0; i < 64 && !done(); ++i) {
+  while (!announced() && std::chrono::steady_clock::now() < until) {
+    for (int i = 0; i < 64 && !announced(); ++i) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
 #endif
     }
     std::this_thread::yield();  // a runnable worker gets the core first
   }
-  if (done()) return true;
+  if (announced()) return true;
   std::unique_lock<std::mutex> lock(mu_);
-  auto is_done = [this] { return done_.load(std::memory_order_acquire); };
+  auto is_done = [this] { return announced(); };
   if (timeout_s < 0) {
     cv_.wait(lock, is_done);
     return true;
@@ -81,12 +82,16 @@ void Run::record_failure(uint32_t task_index, const std::string& kernel, const s
   failed_.store(true, std::memory_order_release);
 }
 
-void Run::finish(int64_t now_ns) {
+void Run::finish(int64_t now_ns, Notifier* announce_to) {
   if (accessor_) accessor_->close();
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ns_ = now_ns;
     done_.store(true, std::memory_order_release);
+    // The id goes out after done() turns true (a drainer can finish the run at
+    // once) and before wait() can return (a waiter then finds it queued).
+    if (announce_to != nullptr) announce_to->push(id_);
+    announced_.store(true, std::memory_order_release);
   }
   cv_.notify_all();
 }

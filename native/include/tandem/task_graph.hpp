@@ -86,6 +86,7 @@ struct RunFailure {
 };
 
 class Engine;
+class Notifier;
 
 // One run: a group of tasks that completes when its last task completes.
 class Run {
@@ -98,13 +99,15 @@ class Run {
   bool notify() const { return notify_; }
   bool sealed() const { return sealed_.load(std::memory_order_acquire); }
   bool done() const { return done_.load(std::memory_order_acquire); }
+  bool announced() const { return announced_.load(std::memory_order_acquire); }
   bool cancelled() const { return cancelled_.load(std::memory_order_acquire); }
   bool failed() const { return failed_.load(std::memory_order_acquire); }
   uint32_t task_count() const { return n_tasks_; }
 
   // Skips every task that has not started; returns false when already done.
   bool cancel();
-  // Blocks until done (timeout < 0: forever). Returns done().
+  // Blocks until done and announced (timeout < 0: forever): once it returns
+  // true, the run's id is on the notifier (for a notifying run).
   bool wait(double timeout_s);
   RunFailure failure() const;
   RunTimes times() const;
@@ -116,7 +119,9 @@ class Run {
  private:
   friend class Engine;
   void record_failure(uint32_t task_index, const std::string& kernel, const std::string& message);
-  void finish(int64_t now_ns);
+  // Marks the run done, announces its id on announce_to (if any), then wakes
+  // its waiters.
+  void finish(int64_t now_ns, Notifier* announce_to);
 
   Engine* engine_;
   const uint64_t id_;
@@ -124,6 +129,7 @@ class Run {
   std::atomic<int64_t> outstanding_{1};  // unfinished tasks + the seal guard
   std::atomic<bool> sealed_{false};
   std::atomic<bool> done_{false};
+  std::atomic<bool> announced_{false};  // done and its id pushed: what wait() waits for
   std::atomic<bool> cancelled_{false};
   std::atomic<bool> failed_{false};
   uint32_t n_tasks_ = 0;  // written under the engine's submit lock
