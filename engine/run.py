@@ -82,6 +82,8 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
     theirs while it is kept. Whether each tensor is still alive and this
     runtime's is checked on every call regardless.
     """
+    if not inputs and out is None and not scalars:  # noop-like calls: the kernel alone
+        return (id(kernel),)
     for t in inputs:
         if type(t) is not DeviceTensor:
             return None
@@ -99,6 +101,12 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
         else:
             return None
     return (id(kernel), tuple(map(id, inputs)), id(out), tuple(items))
+
+
+def _keep(calls: dict[tuple, Any], key: tuple, entry: Any) -> None:
+    if len(calls) >= _CALLS_KEPT and key not in calls:
+        calls.clear()
+    calls[key] = entry
 
 
 class Run:
@@ -135,18 +143,16 @@ class Run:
         """Enters one kernel call into the task graph (validated first)."""
         rt = self._rt
         key = _call_key(kernel, inputs, out, scalars)
-        call = rt._calls.get(key) if key is not None else None
-        if call is None:
+        kept = rt._calls.get(key) if key is not None else None
+        if kept is None:
             try:
                 bind = kernel.bind
             except AttributeError:
                 raise TypeError(f"run.submit needs a kernel (engine.kernels.* or a host_kernel), not {kernel!r}") from None
             call = bind(inputs, out, scalars)
-            if key is not None:
-                calls = rt._calls
-                if len(calls) >= _CALLS_KEPT:
-                    calls.clear()
-                calls[key] = call
+            native_args = None
+        else:
+            call, native_args = kept
         tensors = call.tensors
         for t in tensors:
             # The common case inline (a live tensor of this runtime); the checker names what is wrong.
@@ -155,11 +161,18 @@ class Run:
                 rt._check_tensor(t, f"kernel '{kernel.name}' argument")
         native = self._native
         if native is None:
+            if kept is None and key is not None:
+                _keep(rt._calls, key, (call, None))
             return
+        if native_args is None:
+            # What the native submit takes, made once per kept call: its tensors are immutable
+            # views, and a freed one is refused by the check above before this is used again.
+            native_args = (rt._native_kernel(kernel), [t._native_arg() for t in tensors], call.access, call.scalars)
+            if key is not None:
+                _keep(rt._calls, key, (call, native_args))
         engine = rt._engine
         assert engine is not None  # a run in flight keeps its runtime open
-        engine.submit(native, rt._native_kernel(kernel), [t._native_arg() for t in tensors], call.access,
-                      call.scalars)
+        engine.submit(native, *native_args)
 
     def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,
              writes: Sequence[DeviceTensor] | None = None) -> None:

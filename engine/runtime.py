@@ -72,7 +72,10 @@ class InFlight:
             finally:
                 self._finished = True
                 self.call = None  # drop the arguments: the run no longer needs them
-                self.rt._release(self)
+                rt = self.rt
+                with rt._state_lock:  # Runtime._release, inline: this runs once per run
+                    rt._inflight.pop(self.id, None)
+                    rt._slots.release(self.lease)
 
     def outcome(self) -> Any:
         assert self._finished
@@ -296,8 +299,9 @@ class Runtime(DeviceMemoryHandle):
         """
         try:
             return self._launch_leased(call, lease, notify, admit_start_ns)
-        finally:
+        except BaseException:
             self._launched()
+            raise
 
     def _launch_leased(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int) -> InFlight:
         assert self._engine is not None
@@ -364,8 +368,11 @@ class Runtime(DeviceMemoryHandle):
                 raise interrupted
             raise
         inflight = InFlight(self, native, lease, call, outputs)
-        with self._state_lock:
+        with self._state_lock:  # registered and no longer launching, in one step
             self._inflight[inflight.id] = inflight
+            self._launching -= 1
+            if self._closing:
+                self._state_cv.notify_all()
         return inflight
 
     def _release(self, inflight: InFlight) -> None:

@@ -16,6 +16,7 @@ if TYPE_CHECKING:
 __all__ = ["RunFuture", "InvalidStateError"]
 
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
+CANCELLED = _CANCELLED  # the state of a cancelled future, for the scheduler's completion path
 
 
 class InvalidStateError(RuntimeError):
@@ -42,7 +43,8 @@ class RunFuture:
                  "t_dispatch", "t_admit", "t_launch", "t_launched", "_complete_early", "__weakref__")
 
     def __init__(self, inflight: "InFlight", loop: "asyncio.AbstractEventLoop | None", t_dispatch: int,
-                 t_admit: int, t_launch: int, t_launched: int) -> None:
+                 t_admit: int, t_launch: int, t_launched: int,
+                 complete_early: "Callable[[RunFuture], None] | None" = None) -> None:
         self._inflight: InFlight | None = inflight
         self._loop = loop  # None under a backend other than asyncio
         self._state = _PENDING
@@ -58,7 +60,7 @@ class RunFuture:
         self.t_launch = t_launch
         self.t_launched = t_launched
         # Set by the AsyncRuntime: finishes this run on the spot when an awaiter finds the device already done.
-        self._complete_early: Callable[[RunFuture], None] | None = None
+        self._complete_early = complete_early
 
     # -- the concurrent.futures surface ----------------------------------------------
     def done(self) -> bool:

@@ -69,6 +69,7 @@ from engine.errors import ClosedError, RunCancelledError
 from engine.runtime import Runtime
 from engine.slots import Lease
 from scheduler._admission import Admission
+from scheduler._futures import CANCELLED as _CANCELLED_FUTURE
 from scheduler._futures import RunFuture
 from scheduler._launch import Job, Launched, ThreadLauncher
 from scheduler._metrics import Metrics, Stats
@@ -258,10 +259,13 @@ class AsyncRuntime:
 
     def _start(self, args: tuple, kwargs: dict[str, Any]) -> "RunFuture | Job":
         """Binds; then launches at once when a slot is free and nobody waits, else queues a Job."""
-        self._check_open()
-        call = self._rt._bind(args, kwargs)
+        if self._state != _OPEN:
+            self._check_open()
+        rt = self._rt
+        call = rt._bind(args, kwargs)
         t0 = self._now()
-        lease = self._admission.try_acquire()
+        # Admission.try_acquire, inline (no barging past waiters): this runs once per dispatch.
+        lease = None if self._admission._waiters else rt._try_admit()
         if lease is not None and not self._threaded:
             return self._launch_here(call, lease, t0, t0, t0)
         job = Job(call, t0, self._loop)
@@ -302,8 +306,7 @@ class AsyncRuntime:
         except BaseException:
             self._admission.refill()  # the failed launch released its slot
             raise
-        fut = RunFuture(inflight, self._loop, t_dispatch, t_admit, t_launch, self._now())
-        fut._complete_early = self._complete_early
+        fut = RunFuture(inflight, self._loop, t_dispatch, t_admit, t_launch, self._now(), self._complete_early)
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[inflight.id] = fut
         self._metrics.launched()
@@ -403,7 +406,7 @@ class AsyncRuntime:
 
     def _after_completions(self) -> None:
         """Slots may have freed: hand them to waiters; wake drain() when nothing is in flight."""
-        if self._admission.waiting:
+        if self._admission._waiters:
             self._admission.refill()
         if self._idle_event is not None:
             self._check_idle()
@@ -430,9 +433,13 @@ class AsyncRuntime:
             fut._settle_outcome(None, e)
             return
         err = inflight.error()
-        cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
-        self._metrics.finished(fut, inflight.device_span, err is not None, cancelled, now)
-        fut._settle_outcome(None if err is not None else inflight.outcome(), err)
+        if err is None:
+            self._metrics.finished(fut, inflight.device_span, False, fut._state == _CANCELLED_FUTURE, now)
+            fut._settle_outcome(inflight.outcome(), None)
+            return
+        cancelled = fut._state == _CANCELLED_FUTURE or isinstance(err, RunCancelledError)
+        self._metrics.finished(fut, inflight.device_span, True, cancelled, now)
+        fut._settle_outcome(None, err)
 
     def _check_idle(self) -> None:
         if self._idle_event is not None and self._is_idle():
