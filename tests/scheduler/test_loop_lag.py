@@ -14,7 +14,10 @@ is something a scheduler design can prevent. So:
 - a measurement over the bound is repeated (at most four times) and the best
   attempt must be under it: such outliers are rare and random, whereas a
   scheduler that blocks the loop fails every attempt;
-- if every attempt is over the bound, a control runs the same device work
+- if every attempt is over the bound and the hypervisor stole CPU from the VM
+  meanwhile (/proc/stat steal), the test is skipped saying so: a descheduled
+  vCPU looks like a running thread from inside;
+- otherwise a control runs the same device work
   without the scheduler (one long run for the loop-thread case; the
   synchronous Runtime driven from a worker thread for the worker-thread case,
   which exposes the loop to the same GIL hand-offs), twice. The scheduler's
@@ -35,6 +38,7 @@ that freezes after start-up).
 from __future__ import annotations
 
 import gc
+import os
 import time
 from collections import deque
 from pathlib import Path
@@ -123,6 +127,15 @@ def control_work(rt: Any, in_thread: bool) -> Callable[[], Awaitable[None]]:
     return work
 
 
+def stolen_s() -> float:
+    """CPU time the hypervisor took from this VM's vCPUs so far (/proc/stat steal), in seconds."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()
+        return int(fields[8]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, IndexError, ValueError):
+        return 0.0
+
+
 def charged(raw: float, own: float) -> float:
     return own if _SCHEDSTAT.exists() else raw
 
@@ -140,6 +153,7 @@ async def test_heartbeat_lag_stays_under_5ms(make_rt, in_thread, anyio_backend, 
     mode = "a worker thread" if in_thread else "the loop thread"
     attempts = []
     report = []
+    steal0 = stolen_s()
     for _ in range(5):
         raw, own, beats = await with_heartbeat(scheduler_work(rt, in_thread))
         assert beats > DISPATCHES // 4  # the heartbeat really ran throughout
@@ -150,6 +164,12 @@ async def test_heartbeat_lag_stays_under_5ms(make_rt, in_thread, anyio_backend, 
     print(f"\n[{anyio_backend}, orchestration on {mode}] worst heartbeat lag: " + "; ".join(report))
     if min(attempts) < BOUND_S:
         return
+    stolen = stolen_s() - steal0
+    if stolen > 0:
+        # A vCPU the hypervisor descheduled looks, from inside, like a thread that ran:
+        # neither the run-queue accounting nor the control can tell those milliseconds apart.
+        pytest.skip(f"the hypervisor took {stolen * 1e3:.0f} ms of CPU from this VM during the attempts "
+                    f"(best {min(attempts) * 1e3:.2f} ms): the lag cannot be charged to the scheduler")
     control = []
     for _ in range(2):
         raw, own, _ = await with_heartbeat(control_work(rt, in_thread))
