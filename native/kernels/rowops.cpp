@@ -57,17 +57,21 @@ struct SquareDev {
 };
 
 // Functors for simd::map / simd::zip, force-inlined into each ISA variant.
-struct Add {
-  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a + b; }
+struct Add {  // lane arithmetic: any vector width (zip_narrow)
+  template <class V>
+  TD_INLINE V operator()(const V& a, const V& b) const { return a + b; }
 };
-struct Sub {
-  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a - b; }
+struct Sub {  // lane arithmetic: any vector width (zip_narrow)
+  template <class V>
+  TD_INLINE V operator()(const V& a, const V& b) const { return a - b; }
 };
-struct Mul {
-  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a * b; }
+struct Mul {  // lane arithmetic: any vector width (zip_narrow)
+  template <class V>
+  TD_INLINE V operator()(const V& a, const V& b) const { return a * b; }
 };
-struct Div {
-  TD_INLINE simd::vfloat operator()(const simd::vfloat& a, const simd::vfloat& b) const { return a / b; }
+struct Div {  // lane arithmetic: any vector width (zip_narrow)
+  template <class V>
+  TD_INLINE V operator()(const V& a, const V& b) const { return a / b; }
 };
 struct AddS {
   simd::vfloat s;
@@ -110,10 +114,10 @@ struct ExpShift {
 };
 }  // namespace
 
-TD_CLONES void add(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Add{}); }
-TD_CLONES void sub(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Sub{}); }
-TD_CLONES void mul(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Mul{}); }
-TD_CLONES void div(const float* a, const float* b, float* o, int64_t n) { simd::zip(a, b, o, n, Div{}); }
+TD_CLONES void add(const float* a, const float* b, float* o, int64_t n) { simd::zip_narrow(a, b, o, n, Add{}); }
+TD_CLONES void sub(const float* a, const float* b, float* o, int64_t n) { simd::zip_narrow(a, b, o, n, Sub{}); }
+TD_CLONES void mul(const float* a, const float* b, float* o, int64_t n) { simd::zip_narrow(a, b, o, n, Mul{}); }
+TD_CLONES void div(const float* a, const float* b, float* o, int64_t n) { simd::zip_narrow(a, b, o, n, Div{}); }
 TD_CLONES void add_s(const float* a, float s, float* o, int64_t n) { simd::map(a, o, n, AddS{simd::splat(s)}); }
 TD_CLONES void sub_s(const float* a, float s, float* o, int64_t n) { simd::map(a, o, n, SubS{simd::splat(s)}); }
 TD_CLONES void mul_s(const float* a, float s, float* o, int64_t n) { simd::map(a, o, n, MulS{simd::splat(s)}); }
