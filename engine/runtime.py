@@ -75,7 +75,7 @@ class InFlight:
                 rt = self.rt
                 with rt._state_lock:  # Runtime._release, inline: this runs once per run
                     rt._inflight.pop(self.id, None)
-                    rt._slots.release(self.lease)
+                    rt._slots.release_locked(self.lease)  # the pool's lock is this one
 
     def outcome(self) -> Any:
         assert self._finished
@@ -272,8 +272,9 @@ class Runtime(DeviceMemoryHandle):
     def _try_admit(self) -> Lease | None:
         """A slot lease if one is free. The caller must pass it to _launch() or _abandon()."""
         with self._state_lock:  # atomically with close(): a lease handed out is waited for
-            self._check_open()
-            lease = self._slots.try_lease()
+            if self._closed or self._closing:
+                self._check_open()
+            lease = self._slots.lease_locked()  # the pool's lock is this one
             if lease is not None:
                 self._launching += 1
             return lease

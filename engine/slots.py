@@ -75,19 +75,28 @@ class SlotPool:
 
     def try_lease(self) -> Lease | None:
         with self._lock:
-            if not self._free:
-                return None
-            slot = self._free.popleft()
-            slot.leased = True
-            slot.scratch_used = 0
-            return Lease(slot, slot.generation)
+            return self.lease_locked()
 
     def release(self, lease: Lease) -> None:
         with self._lock:
-            slot = lease.slot
-            if not slot.leased or slot.generation != lease.generation:
-                raise StaleLeaseError(
-                    f"stale lease of slot {slot.index}: generation {lease.generation}, slot is at {slot.generation}")
-            slot.generation += 1
-            slot.leased = False
-            self._free.append(slot)
+            self.release_locked(lease)
+
+    # For an owner that already holds the pool's lock (its own RLock, passed at construction):
+    # one acquisition per lease or release on the per-run path instead of a nested one.
+    def lease_locked(self) -> Lease | None:
+        free = self._free
+        if not free:
+            return None
+        slot = free.popleft()
+        slot.leased = True
+        slot.scratch_used = 0
+        return Lease(slot, slot.generation)
+
+    def release_locked(self, lease: Lease) -> None:
+        slot = lease.slot
+        if not slot.leased or slot.generation != lease.generation:
+            raise StaleLeaseError(
+                f"stale lease of slot {slot.index}: generation {lease.generation}, slot is at {slot.generation}")
+        slot.generation += 1
+        slot.leased = False
+        self._free.append(slot)

@@ -50,6 +50,24 @@ def test_release_advances_the_generation_and_a_stale_lease_is_rejected():
     assert issubclass(StaleLeaseError, ValueError)
 
 
+def test_an_owner_holding_the_shared_lock_leases_and_releases_with_the_same_rules():
+    owner_lock = threading.RLock()
+    pool = SlotPool([Slot(i, {}, None, None) for i in range(2)], owner_lock)
+    with owner_lock:  # what Runtime does per run: one acquisition of its own lock
+        a = pool.lease_locked()
+        b = pool.lease_locked()
+        assert pool.lease_locked() is None
+        pool.release_locked(a)
+        with pytest.raises(StaleLeaseError):
+            pool.release_locked(a)
+    assert pool.free_count == 1
+    c = pool.try_lease()  # the locking entry points take the owner's lock (re-entrantly)
+    assert c.slot is a.slot and c.generation == a.generation + 1
+    pool.release(b)
+    pool.release(c)
+    assert pool.free_count == 2
+
+
 def test_slots_are_handed_out_in_release_order():
     pool = make_pool(3)
     a, b, c = (pool.try_lease() for _ in range(3))
