@@ -46,17 +46,19 @@ class HostKernel:
         access = [READ] * len(inputs) + ([WRITE] if out is not None else [])
         if out is not None and any(out.same_view(t) for t in inputs):
             access = [READWRITE if t.same_view(out) else a for t, a in zip(tensors, access)]
-        return _HostCall(tensors, access, [int(v) if isinstance(v, bool) else v for v in scalars.values()])
+        return _HostCall(self, tensors, access, [int(v) if isinstance(v, bool) else v for v in scalars.values()])
 
     def __repr__(self) -> str:
         return f"<HostKernel {self.name}>"
 
 
 class _HostCall:
-    __slots__ = ("tensors", "access", "scalars")
+    # It holds its kernel, as engine.kernels' Call does: a kept call keyed by id(kernel)
+    # (engine.run._call_key) keeps that id its kernel's.
+    __slots__ = ("kernel", "tensors", "access", "scalars")
 
-    def __init__(self, tensors: list, access: list[int], scalars: list) -> None:
-        self.tensors, self.access, self.scalars = tensors, access, scalars
+    def __init__(self, kernel: HostKernel, tensors: list, access: list[int], scalars: list) -> None:
+        self.kernel, self.tensors, self.access, self.scalars = kernel, tensors, access, scalars
 
 
 def host_kernel(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
