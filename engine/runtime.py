@@ -72,10 +72,7 @@ class InFlight:
             finally:
                 self._finished = True
                 self.call = None  # drop the arguments: the run no longer needs them
-                rt = self.rt
-                with rt._state_lock:  # Runtime._release, inline: this runs once per run
-                    rt._inflight.pop(self.id, None)
-                    rt._slots.release_locked(self.lease)  # the pool's lock is this one
+                self.rt._release(self)
 
     def outcome(self) -> Any:
         assert self._finished
@@ -272,8 +269,7 @@ class Runtime(DeviceMemoryHandle):
     def _try_admit(self) -> Lease | None:
         """A slot lease if one is free. The caller must pass it to _launch() or _abandon()."""
         with self._state_lock:  # atomically with close(): a lease handed out is waited for
-            if self._closed or self._closing:
-                self._check_open()
+            self._check_open()
             lease = self._slots.lease_locked()  # the pool's lock is this one
             if lease is not None:
                 self._launching += 1
@@ -283,15 +279,19 @@ class Runtime(DeviceMemoryHandle):
         """Gives back a lease that will not be launched (e.g. the caller was cancelled)."""
         with self._state_lock:
             try:
-                self._slots.release(lease)
+                self._slots.release_locked(lease)  # the pool's lock is this one
             finally:
-                self._launched()
+                self._launched_locked()
 
     def _launched(self) -> None:
         with self._state_lock:
-            self._launching -= 1
-            if self._closing:  # only close() waits on this; notifying always costs every run
-                self._state_cv.notify_all()
+            self._launched_locked()
+
+    def _launched_locked(self) -> None:
+        """A lease handed out is launched or given back (the caller holds the state lock)."""
+        self._launching -= 1
+        if self._closing:  # only close() waits on this; notifying always costs every run
+            self._state_cv.notify_all()
 
     def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> InFlight:
         """Stages inputs through the slot, orchestrates and seals. Releases the lease on failure.
@@ -371,16 +371,14 @@ class Runtime(DeviceMemoryHandle):
         inflight = InFlight(self, native, lease, call, outputs)
         with self._state_lock:  # registered and no longer launching, in one step
             self._inflight[inflight.id] = inflight
-            self._launching -= 1
-            if self._closing:
-                self._state_cv.notify_all()
+            self._launched_locked()
         return inflight
 
     def _release(self, inflight: InFlight) -> None:
         """Called once per run by InFlight.finish()."""
         with self._state_lock:
             self._inflight.pop(inflight.id, None)
-            self._slots.release(inflight.lease)
+            self._slots.release_locked(inflight.lease)  # the pool's lock is this one
 
     def _finish_completed(self, run_ids: Sequence[int]) -> list[InFlight]:
         """Finishes the runs the notifier reported; returns them (for the async layer)."""

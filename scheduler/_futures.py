@@ -16,7 +16,6 @@ if TYPE_CHECKING:
 __all__ = ["RunFuture", "InvalidStateError"]
 
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
-CANCELLED = _CANCELLED  # the state of a cancelled future, for the scheduler's completion path
 
 
 class InvalidStateError(RuntimeError):

@@ -191,11 +191,7 @@ class Metrics:
             kind = _COMPLETED
         ring = self._runs
         d = ring.data
-        n = ring.next  # Ring.advance(), inline: this runs once per run
-        ring.next = n + 1 if n + 1 < ring.size else 0
-        if ring.count < ring.size:
-            ring.count += 1
-        i = n * 8
+        i = ring.advance()
         d[i] = fut.t_dispatch
         d[i + 1] = fut.t_admit
         d[i + 2] = fut.t_launch

@@ -69,7 +69,6 @@ from engine.errors import ClosedError, RunCancelledError
 from engine.runtime import Runtime
 from engine.slots import Lease
 from scheduler._admission import Admission
-from scheduler._futures import CANCELLED as _CANCELLED_FUTURE
 from scheduler._futures import RunFuture
 from scheduler._launch import Job, Launched, ThreadLauncher
 from scheduler._metrics import Metrics, Stats
@@ -259,13 +258,10 @@ class AsyncRuntime:
 
     def _start(self, args: tuple, kwargs: dict[str, Any]) -> "RunFuture | Job":
         """Binds; then launches at once when a slot is free and nobody waits, else queues a Job."""
-        if self._state != _OPEN:
-            self._check_open()
-        rt = self._rt
-        call = rt._bind(args, kwargs)
+        self._check_open()
+        call = self._rt._bind(args, kwargs)
         t0 = self._now()
-        # Admission.try_acquire, inline (no barging past waiters): this runs once per dispatch.
-        lease = None if self._admission._waiters else rt._try_admit()
+        lease = self._admission.try_acquire()
         if lease is not None and not self._threaded:
             return self._launch_here(call, lease, t0, t0, t0)
         job = Job(call, t0, self._loop)
@@ -366,7 +362,8 @@ class AsyncRuntime:
                 job.settle(None, res)
                 continue
             inflight, t_launch, t_launched = res
-            fut = RunFuture(inflight, self._loop, job.t_dispatch, job.t_admit, t_launch, t_launched)
+            fut = RunFuture(inflight, self._loop, job.t_dispatch, job.t_admit, t_launch, t_launched,
+                            self._complete_early)
             self._metrics.launched()
             if inflight.native.done:
                 # The pump may already have drained this run's id (it was not
@@ -374,7 +371,6 @@ class AsyncRuntime:
                 self._complete(fut, self._now())
                 freed = True
             else:
-                fut._complete_early = self._complete_early
                 self._pending[inflight.id] = fut
             if job.abandoned or self._cancelling:
                 fut.cancel()
@@ -406,7 +402,7 @@ class AsyncRuntime:
 
     def _after_completions(self) -> None:
         """Slots may have freed: hand them to waiters; wake drain() when nothing is in flight."""
-        if self._admission._waiters:
+        if self._admission.waiting:
             self._admission.refill()
         if self._idle_event is not None:
             self._check_idle()
@@ -433,13 +429,9 @@ class AsyncRuntime:
             fut._settle_outcome(None, e)
             return
         err = inflight.error()
-        if err is None:
-            self._metrics.finished(fut, inflight.device_span, False, fut._state == _CANCELLED_FUTURE, now)
-            fut._settle_outcome(inflight.outcome(), None)
-            return
-        cancelled = fut._state == _CANCELLED_FUTURE or isinstance(err, RunCancelledError)
-        self._metrics.finished(fut, inflight.device_span, True, cancelled, now)
-        fut._settle_outcome(None, err)
+        cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
+        self._metrics.finished(fut, inflight.device_span, err is not None, cancelled, now)
+        fut._settle_outcome(None if err is not None else inflight.outcome(), err)
 
     def _check_idle(self) -> None:
         if self._idle_event is not None and self._is_idle():

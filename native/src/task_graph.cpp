@@ -46,12 +46,12 @@ bool Run::wait(double timeout_s) {
   }
   if (announced()) return true;
   std::unique_lock<std::mutex> lock(mu_);
-  auto is_done = [this] { return announced(); };
+  auto is_announced = [this] { return announced(); };
   if (timeout_s < 0) {
-    cv_.wait(lock, is_done);
+    cv_.wait(lock, is_announced);
     return true;
   }
-  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), is_done);
+  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), is_announced);
 }
 
 RunFailure Run::failure() const {
