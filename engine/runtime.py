@@ -15,7 +15,7 @@ from engine.hostarrays import as_numpy_view, empty_like_kind, is_host_array
 from engine.memory import DeviceMemoryHandle, check_tensor_request
 from engine.program import Program
 from engine.run import HostKernel, Run
-from engine.slots import Lease, Slot, SlotPool
+from engine.slots import Slot
 from engine.specs import TensorSpec
 from engine.tensor import Allocation, DeviceBuffer, DeviceTensor, contiguous_strides
 
@@ -25,21 +25,27 @@ _PLANNING_BUFFER_SIZE = 1 << 62
 
 
 class InFlight:
-    """A launched run: its native run, its slot lease and the arguments it keeps alive."""
+    """A launched run: its native run (which holds the slot) and the arguments it keeps alive.
 
-    __slots__ = ("rt", "native", "id", "lease", "call", "outputs", "device_span", "_lock", "_finished", "_result",
+    A run submitted by a thread is registered with its runtime (which finishes
+    it when reaping or closing) and may be finished from several threads, so
+    finishing takes a lock. A run driven by an AsyncRuntime is finished by its
+    loop thread only and is not registered: no lock.
+    """
+
+    __slots__ = ("rt", "native", "id", "call", "outputs", "device_span", "_lock", "_finished", "_result",
                  "_error")
 
-    def __init__(self, rt: "Runtime", native: "_native.Run", lease: Lease, call: BoundCall, outputs: list[Any]):
+    def __init__(self, rt: "Runtime", native: "_native.Run", call: BoundCall, outputs: list[Any],
+                 registered: bool) -> None:
         self.rt = rt
         self.native = native
         self.id: int = native.id
-        self.lease = lease
         self.call: BoundCall | None = call
         self.outputs = outputs
         # (first task start, last task end) on the engine clock, -1 when no task ran; set by finish().
         self.device_span: tuple[int, int] = (-1, -1)
-        self._lock = threading.Lock()
+        self._lock = threading.Lock() if registered else None
         self._finished = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -49,30 +55,39 @@ class InFlight:
         return self._finished
 
     def finish(self) -> None:
-        """After the native run completed: outcome, write-backs, slot release. Exactly once."""
-        with self._lock:
-            if self._finished:
-                return
-            native, call = self.native, self.call
-            assert call is not None
-            try:
-                failure, cancelled, first, last = native.outcome()
-                self.device_span = (first, last)
-                if failure is not None:
-                    self._error = KernelError(self.id, *failure)
-                elif cancelled:
-                    self._error = RunCancelledError(f"run {self.id} was cancelled")
-                else:
-                    for i in call.outputs:
-                        a = call.args[i]
-                        if a.writeback is not None and a.host is not None:
-                            a.writeback[...] = a.host
-                    outs = self.outputs
-                    self._result = None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
-            finally:
-                self._finished = True
-                self.call = None  # drop the arguments: the run no longer needs them
-                self.rt._release(self)
+        """After the native run completed (its slot is free again): outcome and write-backs. Exactly once."""
+        lock = self._lock
+        if lock is None:
+            if not self._finished:
+                self._finish()
+            return
+        with lock:
+            if not self._finished:
+                try:
+                    self._finish()
+                finally:
+                    self.rt._forget(self)
+
+    def _finish(self) -> None:
+        native, call = self.native, self.call
+        assert call is not None
+        try:
+            failure, cancelled, first, last = native.outcome()
+            self.device_span = (first, last)
+            if failure is not None:
+                self._error = KernelError(self.id, *failure)
+            elif cancelled:
+                self._error = RunCancelledError(f"run {self.id} was cancelled")
+            else:
+                for i in call.outputs:
+                    a = call.args[i]
+                    if a.writeback is not None and a.host is not None:
+                        a.writeback[...] = a.host
+                outs = self.outputs
+                self._result = None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
+        finally:
+            self._finished = True
+            self.call = None  # drop the arguments: the run no longer needs them
 
     def outcome(self) -> Any:
         assert self._finished
@@ -160,14 +175,12 @@ class Runtime(DeviceMemoryHandle):
         _check_callbacks(prog, callbacks)
 
         self._state_lock = threading.RLock()
-        self._state_cv = threading.Condition(self._state_lock)
-        self._launching = 0  # leases handed out and not yet launched (or abandoned)
         self._admit_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closed = False
         self._closing = False
         self._owned: dict[int, Allocation] = {}  # every live allocation of this runtime, by id
-        self._inflight: dict[int, InFlight] = {}  # by native run id, in launch order
+        self._inflight: dict[int, InFlight] = {}  # runs submitted by threads, by native run id, in launch order
         self._kernels: dict[int, tuple[Any, Any]] = {}  # id(kernel object) -> (native kernel, object)
         self._calls: dict[tuple, Any] = {}  # validated kernel calls, reused by run.submit (engine.run._call_key)
         self._callbacks: dict[str, Any] = {}
@@ -182,7 +195,9 @@ class Runtime(DeviceMemoryHandle):
                 self._callbacks[name] = self._engine.register_host_kernel(f"callback:{name}", fn)
             if scratch_bytes is None:
                 scratch_bytes = self._plan_scratch()
-            self._slots = SlotPool([self._make_slot(i, scratch_bytes) for i in range(self.depth)], self._state_lock)
+            self._slots = [self._make_slot(i, scratch_bytes) for i in range(self.depth)]
+            # The lease state lives natively: a run takes its slot when it begins and frees it when it completes.
+            self._slot_table = _native.SlotTable([slot.accessor for slot in self._slots])
             self.scratch_bytes = scratch_bytes
         except BaseException:
             self._teardown()
@@ -244,79 +259,65 @@ class Runtime(DeviceMemoryHandle):
         """Starts a run and returns its handle; blocks while `depth` runs are in flight."""
         call = self._bind(args, kwargs)
         t0 = self._now_ns() if self._host_spans is not None else 0
-        lease = self._admit_blocking()
-        return RunHandle(self._launch(call, lease, notify=False, admit_start_ns=t0))
+        admitted = self._admit_blocking()
+        return RunHandle(self._launch(call, admitted, notify=False, admit_start_ns=t0))
 
     def _bind(self, args: tuple, kwargs: Mapping[str, Any]) -> BoundCall:
         self._check_open()
         return bind_call(self, self.program, args, kwargs, self.bounds)
 
-    def _admit_blocking(self) -> Lease:
+    def _admit_blocking(self) -> "_native.Run":
         """FIFO admission for threads: reaps the oldest run in flight when no slot is free."""
         with self._admit_lock:
             while True:
-                lease = self._try_admit()
-                if lease is not None:
-                    return lease
+                admitted = self._try_admit(False)
+                if admitted is not None:
+                    return admitted
                 with self._state_lock:
                     oldest = next(iter(self._inflight.values()), None)
                 if oldest is not None:
                     oldest.native.wait()
                     oldest.finish()
-                else:  # a slot is held by a launch still under way in another thread
-                    threading.Event().wait(0.0005)
+                else:  # the slots are held by async runs or by launches under way in other threads
+                    self._slot_table.wait_free(None)
 
-    def _try_admit(self) -> Lease | None:
-        """A slot lease if one is free. The caller must pass it to _launch() or _abandon()."""
-        with self._state_lock:  # atomically with close(): a lease handed out is waited for
-            self._check_open()
-            lease = self._slots.lease_locked()  # the pool's lock is this one
-            if lease is not None:
-                self._launching += 1
-            return lease
+    def _try_admit(self, notify: bool = False) -> "_native.Run | None":
+        """A begun native run holding a free slot, or None when none is free.
 
-    def _abandon(self, lease: Lease) -> None:
-        """Gives back a lease that will not be launched (e.g. the caller was cancelled)."""
-        with self._state_lock:
-            try:
-                self._slots.release_locked(lease)  # the pool's lock is this one
-            finally:
-                self._launched_locked()
-
-    def _launched(self) -> None:
-        with self._state_lock:
-            self._launched_locked()
-
-    def _launched_locked(self) -> None:
-        """A lease handed out is launched or given back (the caller holds the state lock)."""
-        self._launching -= 1
-        if self._closing:  # only close() waits on this; notifying always costs every run
-            self._state_cv.notify_all()
-
-    def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> InFlight:
-        """Stages inputs through the slot, orchestrates and seals. Releases the lease on failure.
-
-        admit_start_ns: when the caller began waiting for the slot (for the trace).
+        notify: the run announces its completion on the notifier (the async
+        path). The caller must pass the run to _launch() or _abandon().
         """
-        try:
-            return self._launch_leased(call, lease, notify, admit_start_ns)
-        except BaseException:
-            self._launched()
-            raise
-
-    def _launch_leased(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int) -> InFlight:
+        if self._closing or self._closed:
+            raise ClosedError("the runtime is closed")
         assert self._engine is not None
-        slot = lease.slot
+        # Raises ClosedError once close() stopped admitting (it may have, since the check above).
+        return self._engine.begin_run_leased(notify, self._slot_table)
+
+    def _abandon(self, admitted: "_native.Run") -> None:
+        """Gives back an admitted run that will not be launched (e.g. its dispatch was cancelled).
+
+        The empty run completes at once and frees its slot.
+        """
+        admitted.cancel()
         engine = self._engine
+        if engine is not None:  # after close the engine sealed it already
+            engine.seal(admitted)
+
+    def _launch(self, call: BoundCall, admitted: "_native.Run", notify: bool, admit_start_ns: int = 0) -> InFlight:
+        """Stages inputs through the slot, orchestrates and seals; the slot frees when the run completes.
+
+        notify: as given to _try_admit(); a notifying run belongs to an
+        AsyncRuntime, which finishes it, so it is not registered here.
+        admit_start_ns: when the caller began waiting for the slot (for the trace).
+        On an error the run is cancelled and sealed (so its slot frees) before it raises.
+        """
+        native = admitted
+        engine = self._engine
+        assert engine is not None  # an admitted run keeps the runtime open until it is sealed
+        slot = self._slots[native.slot]
         spans = self._host_spans
         t_admitted = engine.now_ns() if spans is not None else 0
-        acc = slot.accessor
-        try:
-            # The accessor is attached first thing: the run closes it whatever happens next.
-            native = engine.begin_run(notify, acc)
-        except BaseException:
-            self._slots.release(lease)
-            raise
+        acc = slot.accessor  # attached to the run at admission: closed when it completes
         outputs: list[Any] = []
         try:
             fn_args: list[Any] = []
@@ -361,35 +362,23 @@ class Runtime(DeviceMemoryHandle):
         except BaseException:
             native.cancel()
             engine.seal(native)
-            # The slot is reused only once the device let go of it, even if Ctrl-C
-            # interrupts this wait (the KeyboardInterrupt is raised after the release).
+            # The caller's arrays stay mapped until tasks already started are done: wait for
+            # them, even if Ctrl-C interrupts the wait (the KeyboardInterrupt is raised after).
             interrupted = _wait_through_interrupts(native)
-            self._slots.release(lease)
             if interrupted is not None:
                 raise interrupted
             raise
-        inflight = InFlight(self, native, lease, call, outputs)
-        with self._state_lock:  # registered and no longer launching, in one step
+        if notify:
+            return InFlight(self, native, call, outputs, registered=False)
+        inflight = InFlight(self, native, call, outputs, registered=True)
+        with self._state_lock:
             self._inflight[inflight.id] = inflight
-            self._launched_locked()
         return inflight
 
-    def _release(self, inflight: InFlight) -> None:
-        """Called once per run by InFlight.finish()."""
+    def _forget(self, inflight: InFlight) -> None:
+        """Called once per registered run by InFlight.finish()."""
         with self._state_lock:
             self._inflight.pop(inflight.id, None)
-            self._slots.release_locked(inflight.lease)  # the pool's lock is this one
-
-    def _finish_completed(self, run_ids: Sequence[int]) -> list[InFlight]:
-        """Finishes the runs the notifier reported; returns them (for the async layer)."""
-        done = []
-        for rid in run_ids:
-            with self._state_lock:
-                inflight = self._inflight.get(rid)
-            if inflight is not None:
-                inflight.finish()
-                done.append(inflight)
-        return done
 
     # -- tracing --------------------------------------------------------------------
     def _now_ns(self) -> int:
@@ -524,7 +513,7 @@ class Runtime(DeviceMemoryHandle):
         self._check_open()
         assert self._device is not None
         stats = dict(self._device.stats())
-        stats["free_slots"] = self._slots.free_count
+        stats["free_slots"] = self._slot_table.free_count
         stats["depth"] = self.depth
         return stats
 
@@ -577,9 +566,10 @@ class Runtime(DeviceMemoryHandle):
         with self._close_lock:
             if self._closed:
                 return
-            with self._state_cv:
-                self._closing = True  # from here no lease is handed out
-                self._state_cv.wait_for(lambda: self._launching == 0)  # launches under way finish
+            self._closing = True  # from here no run is admitted
+            assert self._engine is not None
+            self._engine.stop_admitting()  # a thread past the check in _try_admit now gets ClosedError
+            self._engine.wait_idle(None)  # launches under way seal their runs; every run completes
             with self._admit_lock:
                 while True:
                     with self._state_lock:

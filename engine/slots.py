@@ -3,6 +3,12 @@
 A lease carries the slot's generation. Releasing advances the generation, so
 a stale lease (released already, or from an earlier run) is rejected and a
 slot can never be released twice.
+
+A local Runtime keeps its lease state natively (engine._native.SlotTable: a
+run takes its slot when it begins and frees it when it completes, with no
+Python in between); Slot holds what the Python side needs of a slot, its
+buffers and views. SlotPool is the same discipline in Python, for runtimes
+whose runs complete in other processes (engine.distributed).
 """
 
 from __future__ import annotations
@@ -10,40 +16,40 @@ from __future__ import annotations
 import threading
 from collections import deque
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
+
+from engine import _native
 
 if TYPE_CHECKING:
-    from engine import _native
     from engine.tensor import Allocation
 
 __all__ = ["Slot", "Lease", "SlotPool", "StaleLeaseError"]
 
 
-class StaleLeaseError(ValueError):
-    """A lease that no longer holds its slot was released."""
+StaleLeaseError = _native.StaleLeaseError
+"""A lease that no longer holds its slot was released (a ValueError); raised by SlotPool and SlotTable alike."""
 
 
 @dataclass
 class Slot:
+    """What the Python side needs of one local slot; its lease state is the native SlotTable's."""
+
     index: int
     buffers: dict[str, "Allocation"]  # one per host tensor parameter, sized from the bounds
     scratch: "Allocation | None"
     accessor: "_native.HostAccessor"
-    generation: int = 0
-    leased: bool = False
-    scratch_used: int = 0
     # (parameter name, shape) -> (view of its buffer at that shape, buffer address): shapes repeat run after run.
     views: dict[tuple[str, tuple[int, ...]], tuple[Any, int]] = field(default_factory=dict)
 
 
 class Lease:
-    """One run's hold on a slot, valid while the slot is still at `generation`."""
+    """One run's hold on a slot of a SlotPool, valid while the slot is still at `generation`."""
 
     # A plain slotted class: a lease is made per run, and a frozen dataclass's
     # __init__ costs several times more.
     __slots__ = ("slot", "generation")
 
-    def __init__(self, slot: Slot, generation: int) -> None:
+    def __init__(self, slot: Any, generation: int) -> None:
         self.slot = slot
         self.generation = generation
 
@@ -52,17 +58,16 @@ class Lease:
 
 
 class SlotPool:
-    """The free slots, handed out in lease order.
+    """The free slots, handed out in release order; slots are any objects with an `index` (0..depth-1)."""
 
-    lock: the lock guarding the pool; an owner that already holds its own
-    lock around every lease and release passes it (an RLock), so a lease
-    costs one lock instead of two.
-    """
-
-    def __init__(self, slots: list[Slot], lock: "threading.RLock | None" = None) -> None:
-        self.slots = slots
-        self._free: deque[Slot] = deque(slots)
-        self._lock = lock if lock is not None else threading.Lock()
+    def __init__(self, slots: Sequence[Any]) -> None:
+        if [s.index for s in slots] != list(range(len(slots))):
+            raise ValueError("SlotPool: slot indexes must be 0..depth-1 in order")
+        self.slots = list(slots)
+        self._free: deque[Any] = deque(slots)
+        self._generation = [0] * len(slots)
+        self._leased = [False] * len(slots)
+        self._lock = threading.Lock()
 
     @property
     def depth(self) -> int:
@@ -73,30 +78,27 @@ class SlotPool:
         with self._lock:
             return len(self._free)
 
+    def generation(self, slot: Any) -> int:
+        """How many times `slot` was released."""
+        return self._generation[slot.index]
+
+    def leased(self, slot: Any) -> bool:
+        return self._leased[slot.index]
+
     def try_lease(self) -> Lease | None:
         with self._lock:
-            return self.lease_locked()
+            if not self._free:
+                return None
+            slot = self._free.popleft()
+            self._leased[slot.index] = True
+            return Lease(slot, self._generation[slot.index])
 
     def release(self, lease: Lease) -> None:
         with self._lock:
-            self.release_locked(lease)
-
-    # For an owner that already holds the pool's lock (its own RLock, passed at construction):
-    # one acquisition per lease or release on the per-run path instead of a nested one.
-    def lease_locked(self) -> Lease | None:
-        free = self._free
-        if not free:
-            return None
-        slot = free.popleft()
-        slot.leased = True
-        slot.scratch_used = 0
-        return Lease(slot, slot.generation)
-
-    def release_locked(self, lease: Lease) -> None:
-        slot = lease.slot
-        if not slot.leased or slot.generation != lease.generation:
-            raise StaleLeaseError(
-                f"stale lease of slot {slot.index}: generation {lease.generation}, slot is at {slot.generation}")
-        slot.generation += 1
-        slot.leased = False
-        self._free.append(slot)
+            i = lease.slot.index
+            if not self._leased[i] or self._generation[i] != lease.generation:
+                raise StaleLeaseError(f"stale lease of slot {i}: generation {lease.generation}, "
+                                      f"slot is at {self._generation[i]}")
+            self._generation[i] += 1
+            self._leased[i] = False
+            self._free.append(lease.slot)

@@ -14,14 +14,16 @@ from collections import deque
 from typing import Callable, Generic, TypeVar
 
 from engine.errors import ClosedError
-from engine.slots import Lease
 
 __all__ = ["Admission"]
 
 W = TypeVar("W")
+# What the runtime's lease source hands out: for a local Runtime a begun native
+# run holding a slot, for a DistributedRuntime an engine.slots.Lease.
+L = TypeVar("L")
 
 
-class Admission(Generic[W]):
+class Admission(Generic[W, L]):
     """A FIFO of waiters over a non-blocking lease source.
 
     on_grant(waiter, lease) is called (on the loop thread, synchronously) when
@@ -29,7 +31,7 @@ class Admission(Generic[W]):
     no slot will ever come (the runtime was closed).
     """
 
-    def __init__(self, try_lease: Callable[[], Lease | None], on_grant: Callable[[W, Lease], None],
+    def __init__(self, try_lease: Callable[[], L | None], on_grant: Callable[[W, L], None],
                  on_fail: Callable[[W, BaseException], None]) -> None:
         self._try_lease = try_lease
         self._on_grant = on_grant
@@ -41,7 +43,7 @@ class Admission(Generic[W]):
     def waiting(self) -> int:
         return len(self._waiters)
 
-    def try_acquire(self) -> Lease | None:
+    def try_acquire(self) -> L | None:
         """A lease at once, unless there is none free or somebody is already waiting (no barging)."""
         if self._waiters:
             return None

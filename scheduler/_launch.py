@@ -27,7 +27,6 @@ if TYPE_CHECKING:
 
     from engine.binding import BoundCall
     from engine.runtime import InFlight
-    from engine.slots import Lease
 
 __all__ = ["Job", "ThreadLauncher", "Launched"]
 
@@ -45,7 +44,7 @@ class Job:
         self.call: BoundCall | None = call
         self.t_dispatch = t_dispatch
         self.t_admit = 0
-        self.lease: Lease | None = None
+        self.lease: Any = None  # what admission granted (see scheduler._admission)
         self.future: RunFuture | None = None
         self.error: BaseException | None = None
         self.signal = Signal(loop)

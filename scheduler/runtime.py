@@ -33,6 +33,8 @@ trace. RunFuture.cancel() after admission skips device work not yet started;
 work in progress finishes, the slot is released when the device lets go, the
 result is discarded and other runs are untouched. call() and stream() cancel
 their own runs when they are cancelled (fail_after, move_on_after, ...).
+Under trio dispatch() and call() are checkpoints; under asyncio they are
+cancellation points when they suspend (see _dispatch_checkpoint).
 
 Use from a plain thread: run an event loop in a blocking portal and call
 through it, e.g.
@@ -54,6 +56,7 @@ waiters would only see them at the next async completion.
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any, Callable
 
 import anyio
@@ -65,9 +68,26 @@ try:  # the running backend's own checkpoint, looked up once per AsyncRuntime in
 except ImportError:  # pragma: no cover - a future anyio that moved it: the public function works too
     _get_async_backend = None
 
+
+def _dispatch_checkpoint() -> "Callable[[], Any] | None":
+    """What dispatch() and call() await first on the running backend (None: nothing).
+
+    Under trio every await of the API is a checkpoint, so a dispatch in a
+    cancelled scope raises before admission. Under asyncio a coroutine that
+    does not suspend is no cancellation point (asyncio.Queue.put on a queue
+    with room is not one either), and anyio's check costs about a microsecond
+    per dispatch there, a tenth of a small run's whole cost: a dispatch that
+    has to wait for a slot is cancellable as always, and one that finds a slot
+    free launches; a cancellation of its task lands at the next suspension.
+    """
+    if running_asyncio_loop() is not None:
+        return None
+    if _get_async_backend is not None:
+        return _get_async_backend().checkpoint_if_cancelled
+    return checkpoint_if_cancelled
+
 from engine.errors import ClosedError, RunCancelledError
 from engine.runtime import Runtime
-from engine.slots import Lease
 from scheduler._admission import Admission
 from scheduler._futures import RunFuture
 from scheduler._launch import Job, Launched, ThreadLauncher
@@ -106,7 +126,9 @@ class AsyncRuntime:
         self._metrics = Metrics(metrics_window)
         self._state = _NEW
         self._pending: dict[int, RunFuture] = {}  # runs in flight (holding a slot), by native run id
-        self._admission: Admission[Job] = Admission(runtime._try_admit, self._on_grant, self._on_admission_failed)
+        # Runs admitted here notify their completion (the pump hears of them) and are this object's to finish.
+        self._admission: Admission[Job, Any] = Admission(partial(runtime._try_admit, True), self._on_grant,
+                                                         self._on_admission_failed)
         self._launcher: ThreadLauncher | None = None
         self._pump: CompletionPump | None = None
         self._tg: Any = None
@@ -116,7 +138,7 @@ class AsyncRuntime:
         self._engine: Any = None
         self._loop: Any = None  # the asyncio loop, or None under trio
         self._now: Callable[[], int] = _zero_clock
-        self._checkpoint: Callable[[], Any] = checkpoint_if_cancelled
+        self._checkpoint: Callable[[], Any] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
     async def __aenter__(self) -> "AsyncRuntime":
@@ -131,8 +153,7 @@ class AsyncRuntime:
         self._engine = rt._engine
         self._now = self._engine.now_ns
         self._loop = running_asyncio_loop()
-        if _get_async_backend is not None:
-            self._checkpoint = _get_async_backend().checkpoint_if_cancelled
+        self._checkpoint = _dispatch_checkpoint()
         self._closed_event = anyio.Event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
@@ -236,7 +257,8 @@ class AsyncRuntime:
         errors raise here before admission; so does an error raised by the
         program's orchestration function, after which the slot is released.
         """
-        await self._checkpoint()
+        if self._checkpoint is not None:
+            await self._checkpoint()
         started = self._start(args, kwargs)
         if type(started) is RunFuture:
             return started
@@ -245,7 +267,8 @@ class AsyncRuntime:
     async def call(self, *args: Any, **kwargs: Any) -> Any:
         """dispatch() and await the future in one; cancelling the call cancels the run."""
         # dispatch() inlined: a small run's round trip feels every coroutine layer.
-        await self._checkpoint()
+        if self._checkpoint is not None:
+            await self._checkpoint()
         started = self._start(args, kwargs)
         fut = started if type(started) is RunFuture else await self._admitted(started)  # type: ignore[arg-type]
         if not fut.done():
@@ -295,7 +318,7 @@ class AsyncRuntime:
         """
         return RunStream(self, source, ordered=ordered, depth=depth)
 
-    def _launch_here(self, call: Any, lease: Lease, t_dispatch: int, t_admit: int, t_launch: int) -> RunFuture:
+    def _launch_here(self, call: Any, lease: Any, t_dispatch: int, t_admit: int, t_launch: int) -> RunFuture:
         """Stages and orchestrates on the loop thread; registers the run with the pump."""
         try:
             inflight = self._rt._launch(call, lease, True, t_dispatch)
@@ -308,7 +331,7 @@ class AsyncRuntime:
         self._metrics.launched()
         return fut
 
-    def _on_grant(self, job: Job, lease: Lease) -> None:
+    def _on_grant(self, job: Job, lease: Any) -> None:
         """Admission handed `job` a slot (called on the loop thread, in FIFO order)."""
         job.t_admit = t = self._now()
         if self._launcher is not None:

@@ -228,8 +228,12 @@ class DistributedRuntime(DeviceMemoryHandle):
                 else:  # a slot is held by a launch still under way in another thread
                     threading.Event().wait(0.0005)
 
-    def _try_admit(self) -> Lease | None:
-        """A slot lease if one is free. The caller must pass it to _launch() or _abandon()."""
+    def _try_admit(self, notify: bool = False) -> Lease | None:
+        """A slot lease if one is free. The caller must pass it to _launch() or _abandon().
+
+        notify is for the local Runtime's signature (its runs are admitted as notifying or not);
+        here _launch() takes it.
+        """
         with self._state_lock:
             self._check_open()
             assert self._slots is not None

@@ -61,9 +61,6 @@ class SharedSlot:
     index: int
     alloc: SharedAllocation
     layout: Layout
-    generation: int = 0
-    leased: bool = False
-    scratch_used: int = 0
     _tensors: dict[tuple[str, tuple[int, ...]], DeviceTensor] = field(default_factory=dict)
     _arrays: dict[tuple[str, tuple[int, ...]], np.ndarray] = field(default_factory=dict)
 

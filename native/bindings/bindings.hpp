@@ -8,6 +8,7 @@ namespace tandem::bindings {
 void bind_errors(pybind11::module_& m);
 void bind_device(pybind11::module_& m);
 void bind_accessor(pybind11::module_& m);
+void bind_slots(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
 void bind_engine(pybind11::module_& m);
 

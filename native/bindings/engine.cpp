@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "bindings.hpp"
+#include "interruptible.hpp"
 #include "tandem/bench.hpp"
 #include "tandem/engine.hpp"
 #include "tandem/errors.hpp"
@@ -119,31 +120,6 @@ TensorArg make_tensor_arg(uintptr_t addr, int32_t dtype, const std::vector<int64
   return a;
 }
 
-// Run::wait with the GIL released, in slices: between slices it takes the GIL
-// back for PyErr_CheckSignals, so Ctrl-C in the main thread raises
-// KeyboardInterrupt here (the run goes on) instead of once the run completes.
-// None or a negative timeout waits until the run is done.
-bool wait_interruptible(Run& r, std::optional<double> timeout) {
-  constexpr double kSlice = 0.05;  // seconds between signal checks
-  const bool forever = !timeout || *timeout < 0;
-  const auto start = std::chrono::steady_clock::now();
-  for (;;) {
-    double slice = kSlice;
-    if (!forever) {
-      const double left = *timeout - std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-      if (!(left > 0)) return r.done();
-      slice = std::min(slice, left);
-    }
-    bool done;
-    {
-      py::gil_scoped_release nogil;
-      done = r.wait(slice);
-    }
-    if (done) return true;
-    if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-  }
-}
-
 }  // namespace
 
 void bind_engine(py::module_& m) {
@@ -167,7 +143,13 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("failed", &Run::failed)
       .def_property_readonly("task_count", &Run::task_count)
       .def("cancel", &Run::cancel)
-      .def("wait", &wait_interruptible, py::arg("timeout") = py::none())
+      .def(
+          "wait",
+          [](Run& r, std::optional<double> timeout) {
+            return wait_interruptible([&r](double slice) { return r.wait(slice); }, timeout, [&r] { return r.done(); });
+          },
+          py::arg("timeout") = py::none())
+      .def_property_readonly("slot", &Run::slot, "the pipeline slot the run holds, -1 for none")
       .def("failure",
            [](const Run& r) -> py::object {
              if (!r.failed()) return py::none();
@@ -236,6 +218,16 @@ void bind_engine(py::module_& m) {
             return run;
           },
           py::arg("notify") = false, py::arg("accessor") = nullptr)
+      .def("begin_run_leased", &Engine::begin_run_leased, py::arg("notify"), py::arg("slots"),
+           "A run holding a free slot (its accessor attached), or None when every slot is leased")
+      .def("stop_admitting", &Engine::stop_admitting)
+      .def(
+          "wait_idle",
+          [](Engine& e, std::optional<double> timeout) {
+            return wait_interruptible([&e](double slice) { return e.wait_idle(slice); }, timeout,
+                                      [&e] { return e.wait_idle(0); });
+          },
+          py::arg("timeout") = py::none(), "Blocks until every begun run completed (False on timeout)")
       .def(
           "submit",
           [](Engine& e, Run& run, const std::shared_ptr<Kernel>& kernel, const std::vector<TensorArg>& tensors,

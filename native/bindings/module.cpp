@@ -8,6 +8,7 @@ PYBIND11_MODULE(_native, m) {
   tandem::bindings::bind_errors(m);
   tandem::bindings::bind_device(m);
   tandem::bindings::bind_accessor(m);
+  tandem::bindings::bind_slots(m);
   tandem::bindings::bind_kernels(m);
   tandem::bindings::bind_engine(m);
 }

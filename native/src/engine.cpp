@@ -38,11 +38,42 @@ int64_t Engine::now_ns() const {
 
 std::shared_ptr<Run> Engine::begin_run(bool notify) {
   std::lock_guard<std::mutex> lock(live_mu_);
-  if (closed()) throw ClosedError("the engine is closed");
+  if (closed() || !admitting_) throw ClosedError("the engine is closed");
   auto run = std::make_shared<Run>(this, next_run_id_++, notify, now_ns());
   live_.emplace(run->id(), run);
+  ++unfinished_;
   runs_started_.fetch_add(1, std::memory_order_relaxed);
   return run;
+}
+
+std::shared_ptr<Run> Engine::begin_run_leased(bool notify, const std::shared_ptr<SlotTable>& slots) {
+  if (!slots) throw InvalidArgument("begin_run_leased needs a slot table");
+  std::optional<SlotLease> lease = slots->try_lease();
+  if (!lease) return nullptr;
+  std::shared_ptr<Run> run;
+  try {
+    run = begin_run(notify);
+  } catch (...) {
+    slots->try_release(*lease);  // ours since try_lease: not stale
+    throw;
+  }
+  run->hold_slot(slots, *lease);
+  return run;
+}
+
+void Engine::stop_admitting() {
+  std::lock_guard<std::mutex> lock(live_mu_);
+  admitting_ = false;
+}
+
+bool Engine::wait_idle(double timeout_s) {
+  std::unique_lock<std::mutex> lock(live_mu_);
+  auto idle = [this] { return unfinished_ == 0; };
+  if (timeout_s < 0) {
+    live_cv_.wait(lock, idle);
+    return true;
+  }
+  return live_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), idle);
 }
 
 void Engine::submit(Run& run, KernelPtr kernel, const std::vector<TensorArg>& tensors,
@@ -207,7 +238,9 @@ void Engine::finish_run(Run& run) {
   }
   runs_completed_.fetch_add(1, std::memory_order_relaxed);
   run.finish(now_ns(), run.notify() ? &notifier_ : nullptr);
-  live_cv_.notify_all();
+  std::lock_guard<std::mutex> lock(live_mu_);
+  --unfinished_;
+  live_cv_.notify_all();  // under the lock: a closer woken by it may destroy the engine right after
 }
 
 std::shared_ptr<Run> Engine::find_live(uint64_t id) {
@@ -252,7 +285,7 @@ void Engine::close(bool cancel_pending) {
   runs.clear();
   {
     std::unique_lock<std::mutex> lock(live_mu_);
-    live_cv_.wait(lock, [this] { return live_.empty(); });
+    live_cv_.wait(lock, [this] { return unfinished_ == 0; });
   }
   if (pool_) pool_->stop();
   {

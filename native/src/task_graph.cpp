@@ -82,8 +82,17 @@ void Run::record_failure(uint32_t task_index, const std::string& kernel, const s
   failed_.store(true, std::memory_order_release);
 }
 
+void Run::hold_slot(std::shared_ptr<SlotTable> slots, SlotLease lease) {
+  accessor_ = slots->accessor(static_cast<size_t>(lease.index));
+  slots_ = std::move(slots);
+  lease_ = lease;
+}
+
 void Run::finish(int64_t now_ns, Notifier* announce_to) {
   if (accessor_) accessor_->close();
+  // Free before done: whoever sees the run done may lease the slot at once.
+  // Only this run holds this lease, so it cannot be stale.
+  if (slots_) slots_->try_release(lease_);
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ns_ = now_ns;

@@ -8,40 +8,72 @@ import pytest
 
 import engine
 from engine import In, InOut, Out, Scalar
+from engine import _native
 from engine.slots import Lease, Slot, SlotPool, StaleLeaseError
 
 from .conftest import Gate, k_copy
 
 
-# -- SlotPool ---------------------------------------------------------------------------------
-def make_pool(n):
-    return SlotPool([Slot(i, {}, None, None) for i in range(n)])
+# -- the slot pools: SlotPool (Python, distributed runtimes) and SlotTable (native, Runtime) ---------
+class PoolUnderTest:
+    """One face over both pools: lease() -> (index, generation) or None, release((index, generation))."""
+
+    def __init__(self, kind, n):
+        self.kind = kind
+        if kind == "python":
+            self.pool = SlotPool([Slot(i, {}, None, None) for i in range(n)])
+        else:
+            device = _native.Device(0)
+            self.pool = _native.SlotTable([_native.HostAccessor(device) for _ in range(n)])
+
+    @property
+    def depth(self):
+        return self.pool.depth
+
+    @property
+    def free_count(self):
+        return self.pool.free_count
+
+    def lease(self):
+        if self.kind == "native":
+            return self.pool.try_lease()
+        lease = self.pool.try_lease()
+        return None if lease is None else (lease.slot.index, lease.generation)
+
+    def release(self, held):
+        if self.kind == "native":
+            self.pool.release(*held)
+        else:
+            index, generation = held
+            self.pool.release(Lease(self.pool.slots[index], generation))
 
 
-def test_slot_pool_leases_each_slot_once_and_then_runs_dry():
+@pytest.fixture(params=["python", "native"])
+def make_pool(request):
+    return lambda n: PoolUnderTest(request.param, n)
+
+
+def test_slot_pool_leases_each_slot_once_and_then_runs_dry(make_pool):
     pool = make_pool(3)
     assert pool.depth == 3 and pool.free_count == 3
-    leases = [pool.try_lease() for _ in range(3)]
-    assert all(isinstance(l, Lease) for l in leases)
-    assert sorted(l.slot.index for l in leases) == [0, 1, 2]
-    assert pool.try_lease() is None
+    leases = [pool.lease() for _ in range(3)]
+    assert sorted(index for index, _ in leases) == [0, 1, 2]
+    assert pool.lease() is None
     assert pool.free_count == 0
     for l in leases:
         pool.release(l)
     assert pool.free_count == 3
 
 
-def test_release_advances_the_generation_and_a_stale_lease_is_rejected():
+def test_release_advances_the_generation_and_a_stale_lease_is_rejected(make_pool):
     pool = make_pool(1)
-    first = pool.try_lease()
-    gen = first.generation
+    first = pool.lease()
     pool.release(first)
-    assert first.slot.generation == gen + 1
     with pytest.raises(StaleLeaseError):
         pool.release(first)  # released twice
     assert pool.free_count == 1
-    second = pool.try_lease()
-    assert second.slot is first.slot and second.generation == gen + 1
+    second = pool.lease()
+    assert second == (first[0], first[1] + 1)
     with pytest.raises(StaleLeaseError):
         pool.release(first)  # a lease from an earlier run cannot release the new holder's slot
     assert pool.free_count == 0
@@ -50,45 +82,27 @@ def test_release_advances_the_generation_and_a_stale_lease_is_rejected():
     assert issubclass(StaleLeaseError, ValueError)
 
 
-def test_an_owner_holding_the_shared_lock_leases_and_releases_with_the_same_rules():
-    owner_lock = threading.RLock()
-    pool = SlotPool([Slot(i, {}, None, None) for i in range(2)], owner_lock)
-    with owner_lock:  # what Runtime does per run: one acquisition of its own lock
-        a = pool.lease_locked()
-        b = pool.lease_locked()
-        assert pool.lease_locked() is None
-        pool.release_locked(a)
-        with pytest.raises(StaleLeaseError):
-            pool.release_locked(a)
-    assert pool.free_count == 1
-    c = pool.try_lease()  # the locking entry points take the owner's lock (re-entrantly)
-    assert c.slot is a.slot and c.generation == a.generation + 1
-    pool.release(b)
-    pool.release(c)
-    assert pool.free_count == 2
-
-
-def test_slots_are_handed_out_in_release_order():
+def test_slots_are_handed_out_in_release_order(make_pool):
     pool = make_pool(3)
-    a, b, c = (pool.try_lease() for _ in range(3))
+    a, b, c = (pool.lease() for _ in range(3))
     pool.release(b)
     pool.release(a)
-    assert pool.try_lease().slot is b.slot
-    assert pool.try_lease().slot is a.slot
+    assert pool.lease()[0] == b[0]
+    assert pool.lease()[0] == a[0]
 
 
-def test_concurrent_lease_release_keeps_every_release_exactly_once():
+def test_concurrent_lease_release_keeps_every_release_exactly_once(make_pool):
     pool = make_pool(4)
     errors, counts = [], [0] * 4
     lock = threading.Lock()
 
     def worker():
         for _ in range(2000):
-            lease = pool.try_lease()
+            lease = pool.lease()
             if lease is None:
                 continue
             with lock:
-                counts[lease.slot.index] += 1
+                counts[lease[0]] += 1
             pool.release(lease)
             try:
                 pool.release(lease)
@@ -103,7 +117,100 @@ def test_concurrent_lease_release_keeps_every_release_exactly_once():
         t.join()
     assert not errors
     assert pool.free_count == 4
-    assert sum(s.generation for s in pool.slots) == sum(counts)
+    final = [pool.lease() for _ in range(4)]
+    assert sorted(g for _, g in final) == sorted(counts)  # each slot's generation counts its releases
+    assert sum(dict(final)[i] for i in range(4)) == sum(counts)
+
+
+def test_python_slot_pool_reports_generations_and_wants_ordered_indexes():
+    pool = SlotPool([Slot(i, {}, None, None) for i in range(2)])
+    lease = pool.try_lease()
+    assert pool.leased(lease.slot) and pool.generation(lease.slot) == 0
+    pool.release(lease)
+    assert not pool.leased(lease.slot) and pool.generation(lease.slot) == 1
+    with pytest.raises(ValueError, match="0..depth-1"):
+        SlotPool([Slot(1, {}, None, None)])
+
+
+def test_native_slot_table_rejects_a_bad_construction_and_names_its_slots():
+    device = _native.Device(0)
+    with pytest.raises(ValueError, match="at least one slot"):
+        _native.SlotTable([])
+    acc = _native.HostAccessor(device)
+    with pytest.raises(ValueError, match="shares its accessor"):
+        _native.SlotTable([acc, acc])
+    with pytest.raises((TypeError, ValueError)):
+        _native.SlotTable([None])
+    table = _native.SlotTable([acc, _native.HostAccessor(device)])
+    assert table.accessor(0) is acc
+    with pytest.raises(ValueError, match="out of range"):
+        table.accessor(2)
+    with pytest.raises(StaleLeaseError, match="no such slot"):
+        table.release(5, 0)
+
+
+def test_native_slot_table_wait_free_blocks_until_a_release_or_the_timeout():
+    device = _native.Device(0)
+    table = _native.SlotTable([_native.HostAccessor(device)])
+    held = table.try_lease()
+    assert table.wait_free(0.02) is False
+    threading.Timer(0.05, lambda: table.release(*held)).start()
+    assert table.wait_free(5.0) is True
+    assert table.free_count == 1
+
+
+def test_a_leased_run_holds_its_slot_until_it_completes_and_frees_it_before_it_turns_done():
+    device = _native.Device(0)
+    eng = _native.Engine(device, 1)
+    try:
+        table = _native.SlotTable([_native.HostAccessor(device) for _ in range(2)])
+        gate = threading.Event()
+
+        def blocker():
+            gate.wait(10)
+
+        kernel = eng.register_host_kernel("blocker", blocker)
+        a = eng.begin_run_leased(False, table)
+        b = eng.begin_run_leased(True, table)
+        assert {a.slot, b.slot} == {0, 1}
+        assert eng.begin_run_leased(False, table) is None and table.free_count == 0
+        plain = eng.begin_run(False)
+        assert plain.slot == -1  # a run begun without a table holds no slot
+        eng.seal(plain)
+        eng.submit(a, kernel, [], [])
+        eng.seal(a)
+        assert not a.done and table.free_count == 0
+        # An admitted run abandoned before any task: cancelled and sealed, it completes and frees its slot.
+        b.cancel()
+        eng.seal(b)
+        assert b.done and table.free_count == 1
+        gate.set()
+        assert a.wait(10)
+        assert table.free_count == 2  # freed before a turned done
+        assert eng.drain_completed() == [b.id]  # only the notifying run was announced
+    finally:
+        gate.set()
+        eng.close(True)
+
+
+def test_stop_admitting_refuses_new_runs_without_losing_a_slot_and_wait_idle_waits_for_sealing():
+    device = _native.Device(0)
+    eng = _native.Engine(device, 1)
+    try:
+        table = _native.SlotTable([_native.HostAccessor(device) for _ in range(2)])
+        open_run = eng.begin_run_leased(False, table)
+        eng.stop_admitting()
+        with pytest.raises(engine.ClosedError):
+            eng.begin_run_leased(False, table)
+        with pytest.raises(engine.ClosedError):
+            eng.begin_run(False)
+        assert table.free_count == 1  # the refused lease went back
+        assert eng.wait_idle(0.02) is False  # a begun run is not sealed yet
+        threading.Timer(0.05, lambda: eng.seal(open_run)).start()
+        assert eng.wait_idle(5.0) is True
+        assert open_run.done and table.free_count == 2
+    finally:
+        eng.close(True)
 
 
 # -- depth and admission -------------------------------------------------------------------------
@@ -368,8 +475,8 @@ def test_every_run_releases_its_slot_exactly_once(prepared):
         run.submit(maybe_fail, x, out=y, mode=mode)
 
     rt = prepared(prog, depth=3, workers=2)
-    pool = rt._slots
-    start = sum(s.generation for s in pool.slots)
+    table = rt._slot_table
+    start = slot_generations(table)
     x = np.zeros(4, np.float32)
     handles, leases = [], 0
     for i in range(60):
@@ -383,6 +490,15 @@ def test_every_run_releases_its_slot_exactly_once(prepared):
         h.wait(10)
         h.wait(10)  # waiting again does not release again
         h.exception()
-    assert pool.free_count == 3
-    assert sum(s.generation for s in pool.slots) - start == leases
-    assert not any(s.leased for s in pool.slots)
+    assert table.free_count == 3
+    # slot_generations leases and releases each slot once itself
+    assert slot_generations(table) - start - table.depth == leases
+
+
+def slot_generations(table):
+    """The sum of the slots' generations (read by leasing every slot, then giving each back)."""
+    held = [table.try_lease() for _ in range(table.depth)]
+    assert None not in held, "a slot is still leased"
+    for index, generation in held:
+        table.release(index, generation)
+    return sum(generation for _, generation in held)

@@ -9,7 +9,7 @@ import pytest
 import engine
 from scheduler import AsyncRuntime
 
-from .conftest import baseline, eventually, filled
+from .conftest import baseline, eventually, filled, tagged
 
 pytestmark = pytest.mark.anyio
 
@@ -158,3 +158,27 @@ async def test_cancelling_one_run_leaves_the_others(gated_rt, in_thread):
                 np.testing.assert_array_equal(await f, filled(float(i)))
         await art.drain()
         assert art.stats().cancelled == 2
+
+
+async def test_a_dispatch_in_an_already_cancelled_scope_follows_the_backend_convention(make_rt, anyio_backend):
+    """trio: every await of the API is a checkpoint, so nothing is admitted. asyncio: a dispatch that
+    finds a slot free does not suspend and launches; the cancellation lands at the next suspension
+    and the run's future is intact."""
+    rt = make_rt(tagged, depth=2)
+    async with AsyncRuntime(rt) as art:
+        started = rt._engine.stats()["runs_started"]
+        launched = []
+        with anyio.CancelScope() as scope:
+            scope.cancel()
+            launched.append(await art.dispatch(1.0, 0))
+            await anyio.sleep(0)  # a suspension: cancelled here under either backend
+            launched.append("not reached")
+        assert scope.cancelled_caught
+        if anyio_backend == "trio":
+            assert launched == [] and rt._engine.stats()["runs_started"] == started
+            assert art.stats().dispatched == 0
+        else:
+            assert len(launched) == 1
+            np.testing.assert_array_equal(await launched[0], np.full(8, 1.0, np.float32))
+        await art.drain()
+        assert art.in_flight == 0 and rt.memory_stats()["free_slots"] == 2

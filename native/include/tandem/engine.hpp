@@ -59,7 +59,17 @@ class Engine final : public TaskRunner {
   int64_t now_ns() const;
 
   // Runs. notify: push the run's id to the notifier when it completes.
+  // Throws ClosedError once close() or stop_admitting() was called.
   std::shared_ptr<Run> begin_run(bool notify);
+  // A run holding a free slot of `slots` (with the slot's accessor attached),
+  // or null when every slot is leased. The run releases the slot when it
+  // completes, before it turns done.
+  std::shared_ptr<Run> begin_run_leased(bool notify, const std::shared_ptr<SlotTable>& slots);
+  // From now on begin_run throws ClosedError; runs already begun go on.
+  void stop_admitting();
+  // Blocks until no run is live (every begun run sealed and completed), or
+  // the timeout passes (false; timeout < 0: forever).
+  bool wait_idle(double timeout_s);
   // Enters a task into the graph; it may start at once. Throws ClosedError
   // after close(), InvalidArgument for a sealed run or bad arguments.
   void submit(Run& run, KernelPtr kernel, const std::vector<TensorArg>& tensors,
@@ -103,9 +113,11 @@ class Engine final : public TaskRunner {
   mutable std::mutex live_mu_;
   std::condition_variable live_cv_;
   std::unordered_map<uint64_t, std::shared_ptr<Run>> live_;
+  size_t unfinished_ = 0;  // runs begun and not through Run::finish: live_ plus those finishing
   uint64_t next_run_id_ = 1;
 
   std::atomic<bool> closed_{false};
+  bool admitting_ = true;  // guarded by live_mu_
   std::mutex close_mu_;
   std::atomic<bool> tracing_{false};
   std::atomic<uint64_t> tasks_submitted_{0}, tasks_executed_{0}, tasks_skipped_{0};

@@ -1,7 +1,8 @@
 // Error types of the native core. The bindings map each to one Python class:
 // InvalidArgument -> ValueError, TypeMismatch -> TypeError,
 // DeviceMemoryError -> engine.DeviceMemoryError (a MemoryError),
-// ClosedError -> engine.ClosedError (a RuntimeError).
+// ClosedError -> engine.ClosedError (a RuntimeError); StaleLease (slot_table.hpp)
+// -> engine.slots.StaleLeaseError (a ValueError).
 #pragma once
 
 #include <stdexcept>

@@ -19,6 +19,7 @@
 
 #include "tandem/accessor.hpp"
 #include "tandem/kernel.hpp"
+#include "tandem/slot_table.hpp"
 
 namespace tandem {
 
@@ -115,13 +116,16 @@ class Run {
   // The accessor the run's host arguments are mapped through; closed when the
   // run completes, whatever the outcome.
   void attach_accessor(std::shared_ptr<HostAccessor> accessor);
+  // The pipeline slot the run holds (Engine::begin_run_leased), -1 for none.
+  int32_t slot() const { return lease_.index; }
 
  private:
   friend class Engine;
   void record_failure(uint32_t task_index, const std::string& kernel, const std::string& message);
-  // Marks the run done, announces its id on announce_to (if any), then wakes
-  // its waiters.
+  // Closes the accessor and releases the slot, marks the run done, announces
+  // its id on announce_to (if any), then wakes its waiters.
   void finish(int64_t now_ns, Notifier* announce_to);
+  void hold_slot(std::shared_ptr<SlotTable> slots, SlotLease lease);
 
   Engine* engine_;
   const uint64_t id_;
@@ -138,6 +142,8 @@ class Run {
   std::atomic<int64_t> last_end_ns_{-1};
   int64_t created_ns_, sealed_ns_ = 0, done_ns_ = -1;
   std::shared_ptr<HostAccessor> accessor_;
+  std::shared_ptr<SlotTable> slots_;  // with lease_: the slot released at finish
+  SlotLease lease_;
   mutable std::mutex mu_;  // guards failure_, done_ns_ and the wait condition
   std::condition_variable cv_;
   RunFailure failure_;
