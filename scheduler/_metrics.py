@@ -168,11 +168,8 @@ class Metrics:
     def __init__(self, window: int = 10_000) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             raise ValueError(f"metrics window must be a positive int, got {window!r}")
-        self.dispatched = self.completed = self.failed = self.cancelled = 0
+        self.dispatched = self.completed = self.failed = self.cancelled = 0  # dispatched: runs launched
         self._runs = Ring(window, 8)
-
-    def launched(self) -> None:
-        self.dispatched += 1
 
     def finished(self, fut: "RunFuture", device_span: tuple[int, int], failed: bool, cancelled: bool,
                  now_ns: int) -> None:

@@ -281,7 +281,8 @@ class AsyncRuntime:
 
     def _start(self, args: tuple, kwargs: dict[str, Any]) -> "RunFuture | Job":
         """Binds; then launches at once when a slot is free and nobody waits, else queues a Job."""
-        self._check_open()
+        if self._state != _OPEN:
+            self._check_open()
         call = self._rt._bind(args, kwargs)
         t0 = self._now()
         lease = self._admission.try_acquire()
@@ -328,7 +329,7 @@ class AsyncRuntime:
         fut = RunFuture(inflight, self._loop, t_dispatch, t_admit, t_launch, self._now(), self._complete_early)
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[inflight.id] = fut
-        self._metrics.launched()
+        self._metrics.dispatched += 1
         return fut
 
     def _on_grant(self, job: Job, lease: Any) -> None:
@@ -387,7 +388,7 @@ class AsyncRuntime:
             inflight, t_launch, t_launched = res
             fut = RunFuture(inflight, self._loop, job.t_dispatch, job.t_admit, t_launch, t_launched,
                             self._complete_early)
-            self._metrics.launched()
+            self._metrics.dispatched += 1
             if inflight.native.done:
                 # The pump may already have drained this run's id (it was not
                 # registered yet): finish it here.
@@ -412,16 +413,17 @@ class AsyncRuntime:
             for rid in ids:
                 fut = pending.pop(rid, None)
                 if fut is not None:  # None: finished already (at registration, or by an awaiter)
-                    self._complete_guarded(fut, now)
+                    self._complete(fut, now)
         self._after_completions()
 
     def _complete_early(self, fut: RunFuture) -> None:
         """An awaiter found fut's run done on the device before the pump did: finish it now (loop thread)."""
-        inflight = fut.inflight
+        inflight = fut._inflight
         if inflight is None or self._pending.pop(inflight.id, None) is None:
             return  # the pump got there first
-        self._complete_guarded(fut, self._now())
-        self._after_completions()
+        self._complete(fut, self._now())
+        if self._admission.waiting or self._idle_event is not None:
+            self._after_completions()
 
     def _after_completions(self) -> None:
         """Slots may have freed: hand them to waiters; wake drain() when nothing is in flight."""
@@ -430,31 +432,33 @@ class AsyncRuntime:
         if self._idle_event is not None:
             self._check_idle()
 
-    def _complete_guarded(self, fut: RunFuture, now: int) -> None:
-        """_complete(), with an error in it (a bug) settling the future rather than escaping.
+    def _complete(self, fut: RunFuture, now: int) -> None:
+        """Finishes fut's run (outcome, write-backs), records it and settles fut.
 
-        Escaping, it would be logged by the loop (the pump runs as a loop
+        An error in here (a bug) settles the future rather than escaping:
+        escaping, it would be logged by the loop (the pump runs as a loop
         callback) or raised to one awaiter, and the future, already out of
         the pending table, would leave its other awaiters waiting forever.
         """
+        inflight = fut._inflight
         try:
-            self._complete(fut, now)
+            assert inflight is not None
+            try:
+                inflight.finish()  # outcome and write-backs (idempotent)
+            except Exception as e:  # a write-back into the caller's array failed: the run's error
+                self._metrics.finished(fut, inflight.device_span, True, fut.cancelled(), now)
+                fut._settle_outcome(None, e)
+                return
+            err = inflight.error()
+            if err is None:
+                self._metrics.finished(fut, inflight.device_span, False, fut.cancelled(), now)
+                fut._settle_outcome(inflight.outcome(), None)
+            else:
+                cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
+                self._metrics.finished(fut, inflight.device_span, True, cancelled, now)
+                fut._settle_outcome(None, err)
         except BaseException as e:  # noqa: BLE001
             fut._settle_outcome(None, e)
-
-    def _complete(self, fut: RunFuture, now: int) -> None:
-        inflight = fut.inflight
-        assert inflight is not None
-        try:
-            inflight.finish()  # outcome, write-backs, slot release (idempotent)
-        except Exception as e:  # a write-back into the caller's array failed: the run's error
-            self._metrics.finished(fut, inflight.device_span, True, fut.cancelled(), now)
-            fut._settle_outcome(None, e)
-            return
-        err = inflight.error()
-        cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
-        self._metrics.finished(fut, inflight.device_span, err is not None, cancelled, now)
-        fut._settle_outcome(None if err is not None else inflight.outcome(), err)
 
     def _check_idle(self) -> None:
         if self._idle_event is not None and self._is_idle():
