@@ -166,15 +166,16 @@ class Run:
             if kept is None and key is not None:
                 _keep(rt._calls, key, (call, None))
             return
-        if native_args is None:
-            # What the native submit takes, made once per kept call: its tensors are immutable
-            # views, and a freed one is refused by the check above before this is used again.
-            native_args = (rt._native_kernel(kernel), [t._native_arg() for t in tensors], call.access, call.scalars)
-            if key is not None:
-                _keep(rt._calls, key, (call, native_args))
         engine = rt._engine
         assert engine is not None  # a run in flight keeps its runtime open
-        engine.submit(native, *native_args)
+        if native_args is None:
+            # The native call, checked and converted once per kept call: its tensors are immutable
+            # views, and a freed one is refused by the check above before this is used again.
+            native_args = engine.prepare_call(rt._native_kernel(kernel), [t._native_arg() for t in tensors],
+                                              call.access, call.scalars)
+            if key is not None:
+                _keep(rt._calls, key, (call, native_args))
+        engine.submit_prepared(native, native_args)
 
     def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,
              writes: Sequence[DeviceTensor] | None = None) -> None:

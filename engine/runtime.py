@@ -23,6 +23,9 @@ __all__ = ["Runtime", "RunHandle"]
 
 _PLANNING_BUFFER_SIZE = 1 << 62
 
+# What admission hands out: a begun native run holding a slot, with its id and slot index.
+Admitted = tuple["_native.Run", int, int]
+
 
 class InFlight:
     """A launched run: its native run (which holds the slot) and the arguments it keeps alive.
@@ -36,11 +39,11 @@ class InFlight:
     __slots__ = ("rt", "native", "id", "call", "outputs", "device_span", "_lock", "_finished", "_result",
                  "_error")
 
-    def __init__(self, rt: "Runtime", native: "_native.Run", call: BoundCall, outputs: list[Any],
+    def __init__(self, rt: "Runtime", native: "_native.Run", run_id: int, call: BoundCall, outputs: list[Any],
                  registered: bool) -> None:
         self.rt = rt
         self.native = native
-        self.id: int = native.id
+        self.id = run_id
         self.call: BoundCall | None = call
         self.outputs = outputs
         # (first task start, last task end) on the engine clock, -1 when no task ran; set by finish().
@@ -266,7 +269,7 @@ class Runtime(DeviceMemoryHandle):
         self._check_open()
         return bind_call(self, self.program, args, kwargs, self.bounds)
 
-    def _admit_blocking(self) -> "_native.Run":
+    def _admit_blocking(self) -> Admitted:
         """FIFO admission for threads: reaps the oldest run in flight when no slot is free."""
         with self._admit_lock:
             while True:
@@ -281,8 +284,8 @@ class Runtime(DeviceMemoryHandle):
                 else:  # the slots are held by async runs or by launches under way in other threads
                     self._slot_table.wait_free(None)
 
-    def _try_admit(self, notify: bool = False) -> "_native.Run | None":
-        """A begun native run holding a free slot, or None when none is free.
+    def _try_admit(self, notify: bool = False) -> Admitted | None:
+        """(native run, its id, its slot) of a begun run holding a free slot, or None when none is free.
 
         notify: the run announces its completion on the notifier (the async
         path). The caller must pass the run to _launch() or _abandon().
@@ -293,17 +296,18 @@ class Runtime(DeviceMemoryHandle):
         # Raises ClosedError once close() stopped admitting (it may have, since the check above).
         return self._engine.begin_run_leased(notify, self._slot_table)
 
-    def _abandon(self, admitted: "_native.Run") -> None:
+    def _abandon(self, admitted: Admitted) -> None:
         """Gives back an admitted run that will not be launched (e.g. its dispatch was cancelled).
 
         The empty run completes at once and frees its slot.
         """
-        admitted.cancel()
+        native = admitted[0]
+        native.cancel()
         engine = self._engine
         if engine is not None:  # after close the engine sealed it already
-            engine.seal(admitted)
+            engine.seal(native)
 
-    def _launch(self, call: BoundCall, admitted: "_native.Run", notify: bool, admit_start_ns: int = 0) -> InFlight:
+    def _launch(self, call: BoundCall, admitted: Admitted, notify: bool, admit_start_ns: int = 0) -> InFlight:
         """Stages inputs through the slot, orchestrates and seals; the slot frees when the run completes.
 
         notify: as given to _try_admit(); a notifying run belongs to an
@@ -311,10 +315,10 @@ class Runtime(DeviceMemoryHandle):
         admit_start_ns: when the caller began waiting for the slot (for the trace).
         On an error the run is cancelled and sealed (so its slot frees) before it raises.
         """
-        native = admitted
+        native, run_id, slot_index = admitted
         engine = self._engine
         assert engine is not None  # an admitted run keeps the runtime open until it is sealed
-        slot = self._slots[native.slot]
+        slot = self._slots[slot_index]
         spans = self._host_spans
         t_admitted = engine.now_ns() if spans is not None else 0
         acc = slot.accessor  # attached to the run at admission: closed when it completes
@@ -356,9 +360,9 @@ class Runtime(DeviceMemoryHandle):
             if spans is not None:
                 t_sealed = engine.now_ns()
                 if admit_start_ns:
-                    spans.append((native.id, slot.index, "admission", admit_start_ns, t_admitted))
-                spans.append((native.id, slot.index, "staging", t_admitted, t_staged))
-                spans.append((native.id, slot.index, "orchestration", t_staged, t_sealed))
+                    spans.append((run_id, slot.index, "admission", admit_start_ns, t_admitted))
+                spans.append((run_id, slot.index, "staging", t_admitted, t_staged))
+                spans.append((run_id, slot.index, "orchestration", t_staged, t_sealed))
         except BaseException:
             native.cancel()
             engine.seal(native)
@@ -369,8 +373,8 @@ class Runtime(DeviceMemoryHandle):
                 raise interrupted
             raise
         if notify:
-            return InFlight(self, native, call, outputs, registered=False)
-        inflight = InFlight(self, native, call, outputs, registered=True)
+            return InFlight(self, native, run_id, call, outputs, registered=False)
+        inflight = InFlight(self, native, run_id, call, outputs, registered=True)
         with self._state_lock:
             self._inflight[inflight.id] = inflight
         return inflight

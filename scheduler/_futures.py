@@ -114,7 +114,14 @@ class RunFuture:
     @types.coroutine
     def _until_done(self) -> Generator[Any, None, None]:
         if self._state == _PENDING:
-            self._poll()
+            # When the device is already done with the run, finish it now. The
+            # completion pump would do the same at the loop's next turn; doing it
+            # here spares the awaiter that turn (a wake-up and a task switch),
+            # which is most of a small run's round trip. The pump then finds the
+            # run gone and skips it.
+            inflight = self._inflight
+            if inflight is not None and self._complete_early is not None and inflight.native.done:
+                self._complete_early(self)
         if self._state == _PENDING:
             signal = self._signal
             if signal is None:
@@ -124,18 +131,6 @@ class RunFuture:
     def __repr__(self) -> str:
         state = ("pending", "done", "cancelled")[self._state]
         return f"<RunFuture run={self.run_id} {state}>"
-
-    def _poll(self) -> None:
-        """When the device is already done with the run, finishes it now.
-
-        The completion pump would do the same at the loop's next turn; doing
-        it here spares the awaiter that turn (a wake-up and a task switch),
-        which is most of a small run's round trip. The pump then finds the
-        run gone and skips it.
-        """
-        inflight = self._inflight
-        if inflight is not None and self._complete_early is not None and inflight.native.done:
-            self._complete_early(self)
 
     # -- for the scheduler -----------------------------------------------------------------
     @property

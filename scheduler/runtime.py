@@ -24,7 +24,7 @@ per thread hop: for programs whose orchestration is heavy enough to delay
 other work on the loop. Binding always runs on the loop (it is validation).
 The loop never waits for the device: completions arrive through the
 notifier's fd (scheduler._pump), and an awaiter that finds its run already
-done on the device finishes it on the spot (RunFuture._poll); the only blocking wait is the error path of
+done on the device finishes it on the spot (RunFuture._until_done); the only blocking wait is the error path of
 an orchestration that raised half-way, which waits for the tasks it already
 started.
 

@@ -100,6 +100,13 @@ td_scalar to_scalar(const py::handle& h) {
   return s;
 }
 
+std::vector<td_scalar> to_scalars(const py::sequence& scalars) {
+  std::vector<td_scalar> out;
+  out.reserve(scalars.size());
+  for (const auto& h : scalars) out.push_back(to_scalar(h));
+  return out;
+}
+
 TensorArg make_tensor_arg(uintptr_t addr, int32_t dtype, const std::vector<int64_t>& shape,
                           const std::vector<int64_t>& strides, uint64_t alloc_id, uint64_t begin, uint64_t end) {
   if (td_dtype_size(dtype) == 0) throw InvalidArgument("unknown dtype code " + std::to_string(dtype));
@@ -134,6 +141,11 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("addr", [](const TensorArg& a) { return reinterpret_cast<uintptr_t>(a.view.data); })
       .def_property_readonly("alloc_id", [](const TensorArg& a) { return a.alloc_id; })
       .def_property_readonly("byte_range", [](const TensorArg& a) { return py::make_tuple(a.begin, a.end); });
+
+  py::class_<PreparedCall, std::shared_ptr<PreparedCall>>(m, "PreparedCall",
+                                                         "A kernel call checked once (Engine.prepare_call)")
+      .def_property_readonly("kernel", [](const PreparedCall& c) { return std::const_pointer_cast<Kernel>(c.kernel); })
+      .def_property_readonly("tensor_count", [](const PreparedCall& c) { return c.tensors.size(); });
 
   py::class_<Run, std::shared_ptr<Run>>(m, "Run", "One run: a group of tasks completing together")
       .def_property_readonly("id", &Run::id)
@@ -212,14 +224,28 @@ void bind_engine(py::module_& m) {
           py::arg("path"), py::arg("symbol"), py::arg("name") = py::none())
       .def(
           "begin_run",
-          [](Engine& e, bool notify, const std::shared_ptr<HostAccessor>& accessor) {
+          [](Engine& e, bool notify, const py::object& accessor) {
+            // None is checked here: casting it to a holder costs pybind11 a failed
+            // attribute lookup (a formatted AttributeError) on every call.
+            std::shared_ptr<HostAccessor> acc;
+            if (!accessor.is_none()) acc = accessor.cast<std::shared_ptr<HostAccessor>>();
             auto run = e.begin_run(notify);
-            if (accessor) run->attach_accessor(accessor);  // one call per run instead of two
+            if (acc) run->attach_accessor(std::move(acc));  // one call per run instead of two
             return run;
           },
-          py::arg("notify") = false, py::arg("accessor") = nullptr)
-      .def("begin_run_leased", &Engine::begin_run_leased, py::arg("notify"), py::arg("slots"),
-           "A run holding a free slot (its accessor attached), or None when every slot is leased")
+          py::arg("notify") = false, py::arg("accessor") = py::none())
+      .def(
+          "begin_run_leased",
+          [](Engine& e, bool notify, const std::shared_ptr<SlotTable>& slots) -> py::object {
+            auto run = e.begin_run_leased(notify, slots);
+            if (!run) return py::none();
+            // The id and slot with the run: the admitting caller needs both at once.
+            const uint64_t id = run->id();
+            const int32_t slot = run->slot();
+            return py::make_tuple(std::move(run), id, slot);
+          },
+          py::arg("notify"), py::arg("slots"),
+          "(run, run id, slot) of a run holding a free slot (its accessor attached), or None when every slot is leased")
       .def("stop_admitting", &Engine::stop_admitting)
       .def(
           "wait_idle",
@@ -230,14 +256,21 @@ void bind_engine(py::module_& m) {
           py::arg("timeout") = py::none(), "Blocks until every begun run completed (False on timeout)")
       .def(
           "submit",
-          [](Engine& e, Run& run, const std::shared_ptr<Kernel>& kernel, const std::vector<TensorArg>& tensors,
-             const std::vector<int32_t>& access, const py::sequence& scalars) {
-            std::vector<td_scalar> s;
-            s.reserve(scalars.size());
-            for (const auto& h : scalars) s.push_back(to_scalar(h));
-            e.submit(run, kernel, tensors, access, std::move(s));
+          [](Engine& e, Run& run, const std::shared_ptr<Kernel>& kernel, std::vector<TensorArg> tensors,
+             std::vector<int32_t> access, const py::sequence& scalars) {
+            e.submit(run, kernel, std::move(tensors), std::move(access), to_scalars(scalars));
           },
           py::arg("run"), py::arg("kernel"), py::arg("tensors"), py::arg("access"), py::arg("scalars") = py::tuple())
+      .def_static(
+          "prepare_call",
+          [](const std::shared_ptr<Kernel>& kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
+             const py::sequence& scalars) {
+            return std::make_shared<PreparedCall>(
+                Engine::prepare_call(kernel, std::move(tensors), std::move(access), to_scalars(scalars)));
+          },
+          py::arg("kernel"), py::arg("tensors"), py::arg("access"), py::arg("scalars") = py::tuple(),
+          "The call checked and converted once, for submit_prepared")
+      .def("submit_prepared", &Engine::submit_prepared, py::arg("run"), py::arg("call"))
       .def("submit_copy_back", &Engine::submit_copy_back, py::arg("run"), py::arg("arg"), py::arg("device_base"))
       .def("seal", &Engine::seal, py::arg("run"))
       .def("quiesce", &Engine::quiesce, py::arg("alloc_id"), py::call_guard<py::gil_scoped_release>())

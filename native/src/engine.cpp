@@ -76,27 +76,40 @@ bool Engine::wait_idle(double timeout_s) {
   return live_cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), idle);
 }
 
-void Engine::submit(Run& run, KernelPtr kernel, const std::vector<TensorArg>& tensors,
-                    const std::vector<int32_t>& access, std::vector<td_scalar> scalars) {
+PreparedCall Engine::prepare_call(KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
+                                  std::vector<td_scalar> scalars) {
   if (!kernel) throw InvalidArgument("submit: null kernel");
   if (access.size() != tensors.size()) {
     throw InvalidArgument("submit: " + std::to_string(tensors.size()) + " tensors but " +
                           std::to_string(access.size()) + " access tags");
   }
-  auto task = std::make_unique<Task>();
-  task->tensors.reserve(tensors.size());
   for (size_t i = 0; i < tensors.size(); ++i) {
     const int32_t mode = access[i];
     if (mode != TD_READ && mode != TD_WRITE && mode != TD_READWRITE) {
       throw InvalidArgument("submit: access tag " + std::to_string(mode) + " is not read, write or read-write");
     }
     byte_extent_check(tensors[i]);
+  }
+  return PreparedCall{std::move(kernel), std::move(tensors), std::move(access), std::move(scalars)};
+}
+
+void Engine::submit(Run& run, KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
+                    std::vector<td_scalar> scalars) {
+  submit_prepared(run, prepare_call(std::move(kernel), std::move(tensors), std::move(access), std::move(scalars)));
+}
+
+void Engine::submit_prepared(Run& run, const PreparedCall& call) {
+  const std::vector<TensorArg>& tensors = call.tensors;
+  const std::vector<int32_t>& access = call.access;
+  auto task = std::make_unique<Task>();
+  task->tensors.reserve(tensors.size());
+  for (size_t i = 0; i < tensors.size(); ++i) {
     td_tensor v = tensors[i].view;
-    v.access = mode;
+    v.access = access[i];
     task->tensors.push_back(v);
   }
-  task->scalars = std::move(scalars);
-  task->kernel = std::move(kernel);
+  task->scalars = call.scalars;
+  task->kernel = call.kernel;
   task->run = &run;
   task->run_id = run.id();
 

@@ -170,9 +170,10 @@ def test_a_leased_run_holds_its_slot_until_it_completes_and_frees_it_before_it_t
             gate.wait(10)
 
         kernel = eng.register_host_kernel("blocker", blocker)
-        a = eng.begin_run_leased(False, table)
-        b = eng.begin_run_leased(True, table)
-        assert {a.slot, b.slot} == {0, 1}
+        a, a_id, a_slot = eng.begin_run_leased(False, table)
+        b, b_id, b_slot = eng.begin_run_leased(True, table)
+        assert {a_slot, b_slot} == {0, 1} and (a.slot, b.slot) == (a_slot, b_slot)
+        assert (a.id, b.id) == (a_id, b_id)
         assert eng.begin_run_leased(False, table) is None and table.free_count == 0
         plain = eng.begin_run(False)
         assert plain.slot == -1  # a run begun without a table holds no slot
@@ -198,7 +199,7 @@ def test_stop_admitting_refuses_new_runs_without_losing_a_slot_and_wait_idle_wai
     eng = _native.Engine(device, 1)
     try:
         table = _native.SlotTable([_native.HostAccessor(device) for _ in range(2)])
-        open_run = eng.begin_run_leased(False, table)
+        open_run, _, _ = eng.begin_run_leased(False, table)
         eng.stop_admitting()
         with pytest.raises(engine.ClosedError):
             eng.begin_run_leased(False, table)
@@ -502,3 +503,28 @@ def slot_generations(table):
     for index, generation in held:
         table.release(index, generation)
     return sum(generation for _, generation in held)
+
+
+def test_a_prepared_call_is_checked_once_and_submits_like_a_plain_one():
+    device = _native.Device(0)
+    eng = _native.Engine(device, 1)
+    try:
+        calls = []
+        kernel = eng.register_host_kernel("count", lambda k: calls.append(k))
+        with pytest.raises(ValueError, match="access tags"):
+            eng.prepare_call(kernel, [], [1])
+        with pytest.raises(TypeError, match="scalar"):
+            eng.prepare_call(kernel, [], [], ["x"])
+        call = eng.prepare_call(kernel, [], [], [7])
+        assert call.kernel.name == "count" and call.tensor_count == 0
+        run = eng.begin_run(False)
+        for _ in range(3):
+            eng.submit_prepared(run, call)
+        eng.submit(run, kernel, [], [], [8])
+        eng.seal(run)
+        assert run.wait(10) and run.task_count == 4
+        assert sorted(calls) == [7, 7, 7, 8]
+        with pytest.raises(ValueError, match="sealed"):
+            eng.submit_prepared(run, call)
+    finally:
+        eng.close(True)

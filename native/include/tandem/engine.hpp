@@ -42,6 +42,16 @@ struct EngineStats {
   int workers = 0;
 };
 
+// A kernel call checked and converted once, then submitted any number of
+// times (the Python layer keeps the calls that orchestration repeats run
+// after run). Made by Engine::prepare_call, which validates it.
+struct PreparedCall {
+  KernelPtr kernel;
+  std::vector<TensorArg> tensors;
+  std::vector<int32_t> access;
+  std::vector<td_scalar> scalars;
+};
+
 class Engine final : public TaskRunner {
  public:
   // workers <= 0: max(1, cores - 1). spin_us: how long idle workers poll for
@@ -72,8 +82,12 @@ class Engine final : public TaskRunner {
   bool wait_idle(double timeout_s);
   // Enters a task into the graph; it may start at once. Throws ClosedError
   // after close(), InvalidArgument for a sealed run or bad arguments.
-  void submit(Run& run, KernelPtr kernel, const std::vector<TensorArg>& tensors,
-              const std::vector<int32_t>& access, std::vector<td_scalar> scalars);
+  void submit(Run& run, KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
+              std::vector<td_scalar> scalars);
+  // The same call, checked once (InvalidArgument as submit) and submitted by submit_prepared.
+  static PreparedCall prepare_call(KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
+                                   std::vector<td_scalar> scalars);
+  void submit_prepared(Run& run, const PreparedCall& call);
   // A task that copies a region of the run's accessor back to its host view,
   // ordered after every earlier writer of `arg`'s bytes.
   void submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base);
