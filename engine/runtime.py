@@ -307,12 +307,15 @@ class Runtime(DeviceMemoryHandle):
         if engine is not None:  # after close the engine sealed it already
             engine.seal(native)
 
-    def _launch(self, call: BoundCall, admitted: Admitted, notify: bool, admit_start_ns: int = 0) -> InFlight:
+    def _launch(self, call: BoundCall, admitted: Admitted, notify: bool, admit_start_ns: int = 0,
+                log: "_native.RunLog | None" = None, launch_ns: int = 0) -> InFlight:
         """Stages inputs through the slot, orchestrates and seals; the slot frees when the run completes.
 
         notify: as given to _try_admit(); a notifying run belongs to an
         AsyncRuntime, which finishes it, so it is not registered here.
-        admit_start_ns: when the caller began waiting for the slot (for the trace).
+        admit_start_ns: when the caller asked for the run (for the trace and the log).
+        log: where the run records its timings as it completes (an AsyncRuntime's
+        statistics); launch_ns: when its orchestration started, if not at admission.
         On an error the run is cancelled and sealed (so its slot frees) before it raises.
         """
         native, run_id, slot_index = admitted
@@ -356,7 +359,7 @@ class Runtime(DeviceMemoryHandle):
             self.program.invoke(run, fn_args)
             for view, addr in copy_backs:
                 engine.submit_copy_back(native, view._native_arg(), addr)
-            engine.seal(native)
+            engine.seal_logged(native, log, admit_start_ns, launch_ns)
             if spans is not None:
                 t_sealed = engine.now_ns()
                 if admit_start_ns:

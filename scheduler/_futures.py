@@ -39,10 +39,9 @@ class RunFuture:
     """
 
     __slots__ = ("_inflight", "_loop", "_state", "_result", "_error", "_signal", "_callbacks", "run_id",
-                 "t_dispatch", "t_admit", "t_launch", "t_launched", "_complete_early", "__weakref__")
+                 "_complete_early", "__weakref__")
 
-    def __init__(self, inflight: "InFlight", loop: "asyncio.AbstractEventLoop | None", t_dispatch: int,
-                 t_admit: int, t_launch: int, t_launched: int,
+    def __init__(self, inflight: "InFlight", loop: "asyncio.AbstractEventLoop | None",
                  complete_early: "Callable[[RunFuture], None] | None" = None) -> None:
         self._inflight: InFlight | None = inflight
         self._loop = loop  # None under a backend other than asyncio
@@ -52,12 +51,6 @@ class RunFuture:
         self._signal: Signal | None = None  # made by the first awaiter that has to wait
         self._callbacks: list[Callable[[RunFuture], None]] | None = None
         self.run_id: int = inflight.id
-        # Engine-clock timestamps (ns) for the metrics: dispatch called, slot
-        # leased, orchestration started, run sealed.
-        self.t_dispatch = t_dispatch
-        self.t_admit = t_admit
-        self.t_launch = t_launch
-        self.t_launched = t_launched
         # Set by the AsyncRuntime: finishes this run on the spot when an awaiter finds the device already done.
         self._complete_early = complete_early
 

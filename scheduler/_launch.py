@@ -30,20 +30,18 @@ if TYPE_CHECKING:
 
 __all__ = ["Job", "ThreadLauncher", "Launched"]
 
-# What launching one job gives: the run with its orchestration start/end
-# timestamps, or the error it raised (the lease is released by then).
-Launched = Union[tuple["InFlight", int, int], BaseException]
+# What launching one job gives: the run, or the error it raised (the lease is released by then).
+Launched = Union["InFlight", BaseException]
 
 
 class Job:
     """One dispatch: bound, then leased, then launched (a future) or failed (an error)."""
 
-    __slots__ = ("call", "t_dispatch", "t_admit", "lease", "future", "error", "signal", "abandoned")
+    __slots__ = ("call", "t_dispatch", "lease", "future", "error", "signal", "abandoned")
 
     def __init__(self, call: "BoundCall", t_dispatch: int, loop: "asyncio.AbstractEventLoop | None") -> None:
         self.call: BoundCall | None = call
         self.t_dispatch = t_dispatch
-        self.t_admit = 0
         self.lease: Any = None  # what admission granted (see scheduler._admission)
         self.future: RunFuture | None = None
         self.error: BaseException | None = None

@@ -4,22 +4,17 @@ All timestamps are on the engine's clock (the one task timings use), so host
 and device intervals can be compared directly. Percentiles and the overlap
 ratio cover the most recent `window` runs; the counts cover every run.
 
-Each finished run leaves one record in a fixed-size ring of machine
-integers: recording allocates no Python object that outlives it, so a long
-steady stream of runs does not feed the garbage collector (whose pauses would
-show up as loop lag).
+Each finished run leaves one record in a native fixed-size ring, written by
+the run itself as it completes (see Metrics).
 """
 
 from __future__ import annotations
 
 import math
-import struct
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Iterable
+from typing import Any, Iterable
 
-if TYPE_CHECKING:
-    from engine import _native
-    from scheduler._futures import RunFuture
+from engine import _native
 
 __all__ = ["Metrics", "Stats", "Percentiles"]
 
@@ -41,12 +36,16 @@ class Stats:
     Counts: dispatched = completed + failed + cancelled + in_flight. A run is
     dispatched once it was admitted and orchestrated; a dispatch that gave up
     before admission, or whose arguments or orchestration raised, is no run.
+    A run counts as completed, failed or cancelled from the moment the device
+    is done with it (in_flight: the others).
 
-    Timings (seconds, over the most recent finished runs): admission_wait from the dispatch call to the slot
-    lease; orchestration from the lease to the sealed run (staging included);
-    device from the run's first task start to its last task end; latency from
-    the dispatch call until the loop delivered the outcome. device and latency
-    cover completed and failed runs, not cancelled ones.
+    Timings (seconds, over the most recent finished runs): admission_wait from
+    the dispatch call to the slot lease; orchestration from its start (the
+    lease, or the worker thread taking it up with orchestrate_in_thread) to the
+    sealed run, staging included; device from the run's first task start to
+    its last task end; latency from the dispatch call until the run completed
+    (its outputs in place, copy-back included). device and latency cover
+    completed and failed runs, not cancelled ones.
 
     overlap_ratio: the time the host was orchestrating while the device was
     busy, over the time the device was busy (None before any device work).
@@ -121,85 +120,38 @@ def overlap_ratio(host: Iterable[tuple[int, int]], device: Iterable[tuple[int, i
     return _intersection(_union(host), dev) / busy
 
 
-class Ring:
-    """The last `size` records of `width` int64 fields each, packed in one buffer.
-
-    A record is written with one struct.pack_into call: storing the fields
-    one by one into an array costs twice as much per run.
-    """
-
-    __slots__ = ("data", "size", "width", "next", "count", "pack_into", "_record")
-
-    def __init__(self, size: int, width: int = 1) -> None:
-        self._record = struct.Struct(f"={width}q")
-        self.pack_into = self._record.pack_into  # pack_into(ring.data, ring.advance(), *fields)
-        self.data = bytearray(self._record.size * size)
-        self.size = size
-        self.width = width
-        self.next = 0  # the slot the next record goes to
-        self.count = 0
-
-    def advance(self) -> int:
-        """Claims the next record; returns its byte offset in data."""
-        i = self.next
-        self.next = i + 1 if i + 1 < self.size else 0
-        if self.count < self.size:
-            self.count += 1
-        return i * self._record.size
-
-    def append(self, *fields: int) -> None:
-        self.pack_into(self.data, self.advance(), *fields)
-
-    def __len__(self) -> int:
-        return self.count
-
-    def records(self) -> list[tuple[int, ...]]:
-        n = self.count * self._record.size
-        return list(self._record.iter_unpack(memoryview(self.data)[:n]))
-
-
-# Fields of one run's record.
+# Fields of one run's record (engine._native.RunLog.recent()).
 _T_DISPATCH, _T_ADMIT, _T_LAUNCH, _T_LAUNCHED, _FIRST, _LAST, _T_DONE, _KIND = range(8)
 _COMPLETED, _FAILED, _CANCELLED = 0, 1, 2
 
 
 class Metrics:
-    """Collects what stats() reports. Called on the loop thread only.
+    """What stats() reports for one AsyncRuntime.
 
-    One record per finished run, written field by field into a ring (no
-    allocation); the statistics are computed when stats() asks.
+    Each launched run records its own timings when it completes, natively,
+    wherever it completes (engine._native.RunLog, handed to the run when it
+    is sealed): the event loop does nothing per run for the statistics but
+    count the dispatch. The log keeps the most recent `window` records in a
+    fixed ring of machine integers, so a long steady stream of runs leaves no
+    Python object behind for the garbage collector (whose pauses would show
+    up as loop lag); the statistics are computed when stats() asks.
     """
 
     def __init__(self, window: int = 10_000) -> None:
         if isinstance(window, bool) or not isinstance(window, int) or window <= 0:
             raise ValueError(f"metrics window must be a positive int, got {window!r}")
-        self.dispatched = self.completed = self.failed = self.cancelled = 0  # dispatched: runs launched
-        self._runs = Ring(window, 8)
+        self.log = _native.RunLog(window)
+        # Runs the device completed whose outputs could not be written back into the caller's arrays:
+        # the log counts them completed, their futures fail.
+        self.writeback_failures = 0
 
-    def finished(self, fut: "RunFuture", device_span: tuple[int, int], failed: bool, cancelled: bool,
-                 now_ns: int) -> None:
-        """A run released its slot: cancelled, or failed (a kernel or its copy-back), or completed.
-
-        device_span: (first task start, last task end) on the engine clock, -1 when none ran.
-        """
-        if cancelled:
-            self.cancelled += 1
-            kind = _CANCELLED
-        elif failed:
-            self.failed += 1
-            kind = _FAILED
-        else:
-            self.completed += 1
-            kind = _COMPLETED
-        ring = self._runs
-        first, last = device_span
-        ring.pack_into(ring.data, ring.advance(), fut.t_dispatch, fut.t_admit, fut.t_launch, fut.t_launched, first, last,
-                       now_ns, kind)
-
-    def snapshot(self, in_flight: int) -> Stats:
+    def snapshot(self) -> Stats:
+        dispatched, completed, failed, cancelled = self.log.counts()
+        completed -= self.writeback_failures
+        failed += self.writeback_failures
         admission, orchestration, device, latency = [], [], [], []
         host_busy, device_busy = [], []
-        for r in self._runs.records():
+        for r in self.log.recent():
             admission.append(r[_T_ADMIT] - r[_T_DISPATCH])
             orchestration.append(r[_T_LAUNCHED] - r[_T_LAUNCH])
             host_busy.append((r[_T_LAUNCH], r[_T_LAUNCHED]))
@@ -211,11 +163,11 @@ class Metrics:
                     device.append(r[_LAST] - r[_FIRST])
                 latency.append(r[_T_DONE] - r[_T_DISPATCH])
         return Stats(
-            dispatched=self.dispatched,
-            completed=self.completed,
-            failed=self.failed,
-            cancelled=self.cancelled,
-            in_flight=in_flight,
+            dispatched=dispatched,
+            completed=completed,
+            failed=failed,
+            cancelled=cancelled,
+            in_flight=dispatched - completed - failed - cancelled,
             admission_wait=percentiles(admission),
             orchestration=percentiles(orchestration),
             device=percentiles(device),

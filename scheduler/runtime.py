@@ -287,10 +287,9 @@ class AsyncRuntime:
         t0 = self._now()
         lease = self._admission.try_acquire()
         if lease is not None and not self._threaded:
-            return self._launch_here(call, lease, t0, t0, t0)
+            return self._launch_here(call, lease, t0)
         job = Job(call, t0, self._loop)
         if lease is not None:
-            job.t_admit = t0
             job.lease = lease
             assert self._launcher is not None
             self._launcher.submit(job)
@@ -319,22 +318,20 @@ class AsyncRuntime:
         """
         return RunStream(self, source, ordered=ordered, depth=depth)
 
-    def _launch_here(self, call: Any, lease: Any, t_dispatch: int, t_admit: int, t_launch: int) -> RunFuture:
+    def _launch_here(self, call: Any, lease: Any, t_dispatch: int) -> RunFuture:
         """Stages and orchestrates on the loop thread; registers the run with the pump."""
         try:
-            inflight = self._rt._launch(call, lease, True, t_dispatch)
+            inflight = self._rt._launch(call, lease, True, t_dispatch, self._metrics.log)
         except BaseException:
             self._admission.refill()  # the failed launch released its slot
             raise
-        fut = RunFuture(inflight, self._loop, t_dispatch, t_admit, t_launch, self._now(), self._complete_early)
+        fut = RunFuture(inflight, self._loop, self._complete_early)
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[inflight.id] = fut
-        self._metrics.dispatched += 1
         return fut
 
     def _on_grant(self, job: Job, lease: Any) -> None:
         """Admission handed `job` a slot (called on the loop thread, in FIFO order)."""
-        job.t_admit = t = self._now()
         if self._launcher is not None:
             job.lease = lease
             self._launcher.submit(job)
@@ -342,7 +339,7 @@ class AsyncRuntime:
         call = job.call
         assert call is not None
         try:
-            fut = self._launch_here(call, lease, job.t_dispatch, t, t)
+            fut = self._launch_here(call, lease, job.t_dispatch)
         except Exception as e:  # the orchestration's error belongs to that dispatch
             job.settle(None, e)
         else:
@@ -371,9 +368,7 @@ class AsyncRuntime:
         """In the worker thread: stage and orchestrate one job."""
         try:
             assert job.call is not None and job.lease is not None
-            t_launch = self._now()
-            inflight = self._rt._launch(job.call, job.lease, True, job.t_dispatch)
-            return (inflight, t_launch, self._now())
+            return self._rt._launch(job.call, job.lease, True, job.t_dispatch, self._metrics.log, self._now())
         except BaseException as e:
             return e
 
@@ -385,14 +380,12 @@ class AsyncRuntime:
                 freed = True  # the failed launch released its slot
                 job.settle(None, res)
                 continue
-            inflight, t_launch, t_launched = res
-            fut = RunFuture(inflight, self._loop, job.t_dispatch, job.t_admit, t_launch, t_launched,
-                            self._complete_early)
-            self._metrics.dispatched += 1
+            inflight = res
+            fut = RunFuture(inflight, self._loop, self._complete_early)
             if inflight.native.done:
                 # The pump may already have drained this run's id (it was not
                 # registered yet): finish it here.
-                self._complete(fut, self._now())
+                self._complete(fut)
                 freed = True
             else:
                 self._pending[inflight.id] = fut
@@ -409,11 +402,10 @@ class AsyncRuntime:
         ids = self._engine.drain_completed()
         if ids:
             pending = self._pending
-            now = self._now()
             for rid in ids:
                 fut = pending.pop(rid, None)
                 if fut is not None:  # None: finished already (at registration, or by an awaiter)
-                    self._complete(fut, now)
+                    self._complete(fut)
         self._after_completions()
 
     def _complete_early(self, fut: RunFuture) -> None:
@@ -421,7 +413,7 @@ class AsyncRuntime:
         inflight = fut._inflight
         if inflight is None or self._pending.pop(inflight.id, None) is None:
             return  # the pump got there first
-        self._complete(fut, self._now())
+        self._complete(fut)
         if self._admission.waiting or self._idle_event is not None:
             self._after_completions()
 
@@ -432,8 +424,8 @@ class AsyncRuntime:
         if self._idle_event is not None:
             self._check_idle()
 
-    def _complete(self, fut: RunFuture, now: int) -> None:
-        """Finishes fut's run (outcome, write-backs), records it and settles fut.
+    def _complete(self, fut: RunFuture) -> None:
+        """Finishes fut's run (outcome, write-backs) and settles fut (the run recorded its timings itself).
 
         An error in here (a bug) settles the future rather than escaping:
         escaping, it would be logged by the loop (the pump runs as a loop
@@ -446,17 +438,12 @@ class AsyncRuntime:
             try:
                 inflight.finish()  # outcome and write-backs (idempotent)
             except Exception as e:  # a write-back into the caller's array failed: the run's error
-                self._metrics.finished(fut, inflight.device_span, True, fut.cancelled(), now)
+                if not fut.cancelled():
+                    self._metrics.writeback_failures += 1
                 fut._settle_outcome(None, e)
                 return
             err = inflight.error()
-            if err is None:
-                self._metrics.finished(fut, inflight.device_span, False, fut.cancelled(), now)
-                fut._settle_outcome(inflight.outcome(), None)
-            else:
-                cancelled = fut.cancelled() or isinstance(err, RunCancelledError)
-                self._metrics.finished(fut, inflight.device_span, True, cancelled, now)
-                fut._settle_outcome(None, err)
+            fut._settle_outcome(inflight.outcome() if err is None else None, err)
         except BaseException as e:  # noqa: BLE001
             fut._settle_outcome(None, e)
 
@@ -503,7 +490,7 @@ class AsyncRuntime:
 
     def stats(self) -> Stats:
         """Counts and timing percentiles of the runs so far (see scheduler.Stats)."""
-        return self._metrics.snapshot(len(self._pending))
+        return self._metrics.snapshot()
 
     def set_tracing(self, on: bool) -> None:
         """Starts (or stops) recording spans and task timings for export_trace()."""

@@ -73,7 +73,7 @@ class DistInFlight:
     """A launched run: its record, its slot lease, the arguments it keeps alive, its outputs."""
 
     __slots__ = ("rt", "native", "lease", "call", "outputs", "copy_outs", "_lock", "_finished", "_result",
-                 "_error")
+                 "_error", "_log")
 
     def __init__(self, rt: "DistributedRuntime", native: RunRecord, lease: "Lease", call: "BoundCall",
                  outputs: list[Any], copy_outs: list[tuple["BoundArg", np.ndarray]]) -> None:
@@ -87,6 +87,12 @@ class DistInFlight:
         self._finished = False
         self._result: Any = None
         self._error: BaseException | None = None
+        self._log: tuple[Any, int, int] | None = None  # (RunLog, dispatch_ns, launch_ns)
+
+    def log_to(self, log: Any, dispatch_ns: int, launch_ns: int) -> None:
+        """Records the run's timings in `log` (an engine._native.RunLog) when it is finished."""
+        log.launched()
+        self._log = (log, dispatch_ns, launch_ns)
 
     @property
     def id(self) -> int:
@@ -125,6 +131,11 @@ class DistInFlight:
                 self.call = None
                 self.copy_outs = []
                 self.rt._release(self)
+                if self._log is not None:
+                    log, dispatch_ns, launch_ns = self._log
+                    kind = 2 if run.cancelled else 1 if run.error is not None else 0
+                    log.record(dispatch_ns, run.created_ns, launch_ns or run.created_ns, run.sealed_ns,
+                               run.first_start_ns, run.last_end_ns, run.done_ns, kind)
 
     def outcome(self) -> Any:
         assert self._finished

@@ -255,12 +255,19 @@ class DistributedRuntime(DeviceMemoryHandle):
             self._launching -= 1
             self._state_cv.notify_all()
 
-    def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> DistInFlight:
-        """Stages, orchestrates and seals one run. Releases the lease when the orchestration raises."""
+    def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0,
+                log: "_native.RunLog | None" = None, launch_ns: int = 0) -> DistInFlight:
+        """Stages, orchestrates and seals one run. Releases the lease when the orchestration raises.
+
+        log, launch_ns: as Runtime._launch (the run records its timings in log when it is finished).
+        """
         try:
-            return self._launch_leased(call, lease, notify, admit_start_ns)
+            inflight = self._launch_leased(call, lease, notify, admit_start_ns)
         finally:
             self._launched()
+        if log is not None:
+            inflight.log_to(log, admit_start_ns, launch_ns)
+        return inflight
 
     def _launch_leased(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int) -> DistInFlight:
         assert self._slots is not None and self._dispatcher is not None

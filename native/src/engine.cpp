@@ -169,6 +169,20 @@ void Engine::seal(Run& run) {
   if (run.outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_run(run);
 }
 
+void Engine::seal_logged(Run& run, std::shared_ptr<RunLog> log, int64_t dispatch_ns, int64_t launch_ns) {
+  {
+    // Under the submit lock as seal's flag: a run sealed already keeps what it had.
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (!run.sealed()) {
+      log->launched();
+      run.log_ = std::move(log);
+      run.dispatch_ns_ = dispatch_ns;
+      run.launch_ns_ = launch_ns;
+    }
+  }
+  seal(run);
+}
+
 void Engine::enqueue_ready(std::vector<Task*>& ready) {
   pool_->push(ready);
   ready.clear();

@@ -288,21 +288,22 @@ async def test_awaiting_a_run_the_device_already_finished_completes_it_without_t
         assert art.stats().completed == 2 and baseline(rt) == before
 
 
-async def test_an_error_while_completing_reaches_the_future_instead_of_hanging_it(make_rt):
+async def test_an_error_while_completing_reaches_the_future_instead_of_hanging_it(make_rt, monkeypatch):
+    from engine.runtime import InFlight
+
     rt = make_rt(tagged, depth=2)
     async with AsyncRuntime(rt) as art:
         before = baseline(rt)
-        real = art._metrics.finished
 
-        def broken(*args, **kwargs) -> None:
+        def broken(self) -> None:
             raise RuntimeError("bookkeeping bug")
 
-        art._metrics.finished = broken  # type: ignore[method-assign]
-        fut = await art.dispatch(1.0, 0)
-        await eventually(fut.done, "the pump settles the future")  # by the pump: nobody awaits it yet
+        with monkeypatch.context() as patch:
+            patch.setattr(InFlight, "outcome", broken)
+            fut = await art.dispatch(1.0, 0)
+            await eventually(fut.done, "the pump settles the future")  # by the pump: nobody awaits it yet
         assert isinstance(fut.exception(), RuntimeError) and "bookkeeping bug" in str(fut.exception())
         assert art.in_flight == 0 and baseline(rt) == before  # the run was finished and its slot freed first
-        art._metrics.finished = real  # type: ignore[method-assign]
         np.testing.assert_array_equal(await art.call(2.0, 0), filled(2.0))
 
 

@@ -9,9 +9,10 @@ import anyio
 import numpy as np
 import pytest
 
+from engine import _native
 from engine.trace import ADMISSION_TID_BASE, DEVICE_PID, HOST_PID, chrome_trace
 from scheduler import AsyncRuntime, Stats
-from scheduler._metrics import Ring, overlap_ratio, percentiles
+from scheduler._metrics import overlap_ratio, percentiles
 
 from .conftest import add, eventually, maybe_fail, tagged
 
@@ -74,10 +75,16 @@ def test_metric_helpers():
     assert overlap_ratio([], []) is None
     assert overlap_ratio([(0, 5)], [(0, 10)]) == 0.5
     assert overlap_ratio([(0, 3), (2, 6), (20, 30)], [(4, 8), (5, 7), (25, 35)]) == pytest.approx(7 / 14)
-    r = Ring(3, 2)
-    for i in range(5):
-        r.append(i, 10 * i)
-    assert len(r) == 3 and sorted(r.records()) == [(2, 20), (3, 30), (4, 40)]
+    log = _native.RunLog(3)
+    for i in range(5):  # (dispatch, admit, launch, sealed, first, last, done, kind)
+        log.record(i, i, i, i, -1, -1, 10 * i, i % 3)
+    log.launched()
+    assert log.window == 3 and [r[6] for r in log.recent()] == [20, 30, 40]  # the window's, oldest first
+    assert log.counts() == (1, 2, 2, 1)  # (launched, completed, failed, cancelled): every run's
+    with pytest.raises(ValueError):
+        log.record(0, 0, 0, 0, -1, -1, 0, 3)
+    with pytest.raises(ValueError):
+        _native.RunLog(0)
 
 
 # -- trace ------------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@
 
 #include "tandem/accessor.hpp"
 #include "tandem/kernel.hpp"
+#include "tandem/run_log.hpp"
 #include "tandem/slot_table.hpp"
 
 namespace tandem {
@@ -144,6 +145,8 @@ class Run {
   std::shared_ptr<HostAccessor> accessor_;
   std::shared_ptr<SlotTable> slots_;  // with lease_: the slot released at finish
   SlotLease lease_;
+  std::shared_ptr<RunLog> log_;  // set before sealing (Engine::seal_logged); the run records itself at finish
+  int64_t dispatch_ns_ = 0, launch_ns_ = 0;
   mutable std::mutex mu_;  // guards failure_, done_ns_ and the wait condition
   std::condition_variable cv_;
   RunFailure failure_;
