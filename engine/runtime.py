@@ -26,29 +26,45 @@ _PLANNING_BUFFER_SIZE = 1 << 62
 # What admission hands out: a begun native run holding a slot, with its id and slot index.
 Admitted = tuple["_native.Run", int, int]
 
+# What launching a run for an AsyncRuntime gives: the native run, its id, and what
+# finishing it takes (Runtime._finish_async). A tuple rather than a record object:
+# the scheduler's future is the one per-run object on that path.
+Launched = tuple["_native.Run", int, Any]
+
+
+def finish_run(native: "_native.Run", run_id: int, call: BoundCall, outputs: list[Any]) -> tuple[Any, BaseException | None]:
+    """A completed native run's (result, error), with its outputs written back into the caller's arrays.
+
+    Raises when a write-back fails (the caller's array is not writable any more, say): the run's error.
+    """
+    failure, cancelled, _, _ = native.outcome()
+    if failure is not None:
+        return None, KernelError(run_id, *failure)
+    if cancelled:
+        return None, RunCancelledError(f"run {run_id} was cancelled")
+    for i in call.outputs:
+        a = call.args[i]
+        if a.writeback is not None and a.host is not None:
+            a.writeback[...] = a.host
+    return (None if not outputs else outputs[0] if len(outputs) == 1 else tuple(outputs)), None
+
 
 class InFlight:
-    """A launched run: its native run (which holds the slot) and the arguments it keeps alive.
+    """A run submitted by a thread: its native run (which holds the slot) and the arguments it keeps alive.
 
-    A run submitted by a thread is registered with its runtime (which finishes
-    it when reaping or closing) and may be finished from several threads, so
-    finishing takes a lock. A run driven by an AsyncRuntime is finished by its
-    loop thread only and is not registered: no lock.
+    Registered with its runtime, which finishes it when reaping or closing;
+    it may be finished from several threads, so finishing takes a lock.
     """
 
-    __slots__ = ("rt", "native", "id", "call", "outputs", "device_span", "_lock", "_finished", "_result",
-                 "_error")
+    __slots__ = ("rt", "native", "id", "call", "outputs", "_lock", "_finished", "_result", "_error")
 
-    def __init__(self, rt: "Runtime", native: "_native.Run", run_id: int, call: BoundCall, outputs: list[Any],
-                 registered: bool) -> None:
+    def __init__(self, rt: "Runtime", native: "_native.Run", run_id: int, call: BoundCall, outputs: list[Any]) -> None:
         self.rt = rt
         self.native = native
         self.id = run_id
         self.call: BoundCall | None = call
         self.outputs = outputs
-        # (first task start, last task end) on the engine clock, -1 when no task ran; set by finish().
-        self.device_span: tuple[int, int] = (-1, -1)
-        self._lock = threading.Lock() if registered else None
+        self._lock = threading.Lock()
         self._finished = False
         self._result: Any = None
         self._error: BaseException | None = None
@@ -59,38 +75,17 @@ class InFlight:
 
     def finish(self) -> None:
         """After the native run completed (its slot is free again): outcome and write-backs. Exactly once."""
-        lock = self._lock
-        if lock is None:
-            if not self._finished:
-                self._finish()
-            return
-        with lock:
-            if not self._finished:
-                try:
-                    self._finish()
-                finally:
-                    self.rt._forget(self)
-
-    def _finish(self) -> None:
-        native, call = self.native, self.call
-        assert call is not None
-        try:
-            failure, cancelled, first, last = native.outcome()
-            self.device_span = (first, last)
-            if failure is not None:
-                self._error = KernelError(self.id, *failure)
-            elif cancelled:
-                self._error = RunCancelledError(f"run {self.id} was cancelled")
-            else:
-                for i in call.outputs:
-                    a = call.args[i]
-                    if a.writeback is not None and a.host is not None:
-                        a.writeback[...] = a.host
-                outs = self.outputs
-                self._result = None if not outs else outs[0] if len(outs) == 1 else tuple(outs)
-        finally:
-            self._finished = True
-            self.call = None  # drop the arguments: the run no longer needs them
+        with self._lock:
+            if self._finished:
+                return
+            call = self.call
+            assert call is not None
+            try:
+                self._result, self._error = finish_run(self.native, self.id, call, self.outputs)
+            finally:
+                self._finished = True
+                self.call = None  # drop the arguments: the run no longer needs them
+                self.rt._forget(self)
 
     def outcome(self) -> Any:
         assert self._finished
@@ -263,7 +258,7 @@ class Runtime(DeviceMemoryHandle):
         call = self._bind(args, kwargs)
         t0 = self._now_ns() if self._host_spans is not None else 0
         admitted = self._admit_blocking()
-        return RunHandle(self._launch(call, admitted, notify=False, admit_start_ns=t0))
+        return RunHandle(self._launch(call, admitted, admit_start_ns=t0))
 
     def _bind(self, args: tuple, kwargs: Mapping[str, Any]) -> BoundCall:
         self._check_open()
@@ -288,7 +283,7 @@ class Runtime(DeviceMemoryHandle):
         """(native run, its id, its slot) of a begun run holding a free slot, or None when none is free.
 
         notify: the run announces its completion on the notifier (the async
-        path). The caller must pass the run to _launch() or _abandon().
+        path). The caller must pass the run to _launch() (_launch_async() when notify) or _abandon().
         """
         if self._closing or self._closed:
             raise ClosedError("the runtime is closed")
@@ -307,16 +302,37 @@ class Runtime(DeviceMemoryHandle):
         if engine is not None:  # after close the engine sealed it already
             engine.seal(native)
 
-    def _launch(self, call: BoundCall, admitted: Admitted, notify: bool, admit_start_ns: int = 0,
-                log: "_native.RunLog | None" = None, launch_ns: int = 0) -> InFlight:
+    def _launch(self, call: BoundCall, admitted: Admitted, admit_start_ns: int = 0) -> InFlight:
+        """Launches a run admitted with notify=False (a thread's): registered, finished by its handle or by close."""
+        native, run_id, outputs = self._stage_and_orchestrate(call, admitted, admit_start_ns, None, 0)
+        inflight = InFlight(self, native, run_id, call, outputs)
+        with self._state_lock:
+            self._inflight[run_id] = inflight
+        return inflight
+
+    def _launch_async(self, call: BoundCall, admitted: Admitted, dispatch_ns: int, log: "_native.RunLog | None",
+                      launch_ns: int = 0) -> Launched:
+        """Launches a run admitted with notify=True for an AsyncRuntime, which finishes it (_finish_async).
+
+        dispatch_ns: when dispatch() was called; log: where the run records its
+        timings as it completes; launch_ns: when its orchestration started, if not at admission.
+        """
+        native, run_id, outputs = self._stage_and_orchestrate(call, admitted, dispatch_ns, log, launch_ns)
+        return native, run_id, (call, outputs)
+
+    @staticmethod
+    def _finish_async(native: "_native.Run", run_id: int, payload: Any) -> tuple[Any, BaseException | None]:
+        """(result, error) of a completed run from _launch_async; raises when a write-back fails."""
+        call, outputs = payload
+        return finish_run(native, run_id, call, outputs)
+
+    def _stage_and_orchestrate(self, call: BoundCall, admitted: Admitted, admit_start_ns: int,
+                               log: "_native.RunLog | None", launch_ns: int) -> tuple["_native.Run", int, list[Any]]:
         """Stages inputs through the slot, orchestrates and seals; the slot frees when the run completes.
 
-        notify: as given to _try_admit(); a notifying run belongs to an
-        AsyncRuntime, which finishes it, so it is not registered here.
-        admit_start_ns: when the caller asked for the run (for the trace and the log).
-        log: where the run records its timings as it completes (an AsyncRuntime's
-        statistics); launch_ns: when its orchestration started, if not at admission.
-        On an error the run is cancelled and sealed (so its slot frees) before it raises.
+        Returns the native run, its id and its outputs. admit_start_ns: when the
+        caller asked for the run (for the trace and the log). On an error the run
+        is cancelled and sealed (so its slot frees) before it raises.
         """
         native, run_id, slot_index = admitted
         engine = self._engine
@@ -375,12 +391,7 @@ class Runtime(DeviceMemoryHandle):
             if interrupted is not None:
                 raise interrupted
             raise
-        if notify:
-            return InFlight(self, native, run_id, call, outputs, registered=False)
-        inflight = InFlight(self, native, run_id, call, outputs, registered=True)
-        with self._state_lock:
-            self._inflight[inflight.id] = inflight
-        return inflight
+        return native, run_id, outputs
 
     def _forget(self, inflight: InFlight) -> None:
         """Called once per registered run by InFlight.finish()."""

@@ -11,8 +11,6 @@ from scheduler._signal import Signal
 if TYPE_CHECKING:
     import asyncio
 
-    from engine.runtime import InFlight
-
 __all__ = ["RunFuture", "InvalidStateError"]
 
 _PENDING, _DONE, _CANCELLED = 0, 1, 2
@@ -38,19 +36,21 @@ class RunFuture:
     awaiters. AsyncRuntime.call() and stream() cancel the runs they own.
     """
 
-    __slots__ = ("_inflight", "_loop", "_state", "_result", "_error", "_signal", "_callbacks", "run_id",
+    __slots__ = ("_native", "_payload", "_loop", "_state", "_result", "_error", "_signal", "_callbacks", "run_id",
                  "_complete_early", "__weakref__")
 
-    def __init__(self, inflight: "InFlight", loop: "asyncio.AbstractEventLoop | None",
+    def __init__(self, native: Any, run_id: int, payload: Any, loop: "asyncio.AbstractEventLoop | None",
                  complete_early: "Callable[[RunFuture], None] | None" = None) -> None:
-        self._inflight: InFlight | None = inflight
+        # The engine's run (done, cancel()) and what finishing it takes, until the run is finished.
+        self._native: Any = native
+        self._payload: Any = payload
         self._loop = loop  # None under a backend other than asyncio
         self._state = _PENDING
         self._result: Any = None
         self._error: BaseException | None = None
         self._signal: Signal | None = None  # made by the first awaiter that has to wait
         self._callbacks: list[Callable[[RunFuture], None]] | None = None
-        self.run_id: int = inflight.id
+        self.run_id = run_id
         # Set by the AsyncRuntime: finishes this run on the spot when an awaiter finds the device already done.
         self._complete_early = complete_early
 
@@ -71,9 +71,9 @@ class RunFuture:
         """
         if self._state != _PENDING:
             return False
-        inflight = self._inflight
-        assert inflight is not None
-        if not inflight.native.cancel():
+        native = self._native
+        assert native is not None
+        if not native.cancel():
             return False
         self._settle(_CANCELLED, None, RunCancelledError(f"run {self.run_id} was cancelled"))
         return True
@@ -96,30 +96,38 @@ class RunFuture:
         return self._error
 
     def __await__(self) -> Generator[Any, None, Any]:
-        # Generators delegating straight to the signal: no coroutine frames on every await of a small run.
-        yield from self._until_done()
+        # One generator delegating straight to the signal: no coroutine frames on every await of a small run.
+        if self._state == _PENDING:
+            self._finish_if_done()
+            if self._state == _PENDING:
+                yield from self._wait_signal()
         return self.result()
 
     async def wait_done(self) -> None:
         """Waits until the future is done, without taking its outcome."""
-        await self._until_done()
+        if self._state == _PENDING:
+            self._finish_if_done()
+            if self._state == _PENDING:
+                await self._wait_signal()
+
+    def _finish_if_done(self) -> None:
+        """When the device is already done with the run, finishes it now.
+
+        The completion pump would do the same at the loop's next turn; doing
+        it here spares the awaiter that turn (a wake-up and a task switch),
+        which is most of a small run's round trip. The pump then finds the run
+        gone and skips it.
+        """
+        native = self._native
+        if native is not None and self._complete_early is not None and native.done:
+            self._complete_early(self)
 
     @types.coroutine
-    def _until_done(self) -> Generator[Any, None, None]:
-        if self._state == _PENDING:
-            # When the device is already done with the run, finish it now. The
-            # completion pump would do the same at the loop's next turn; doing it
-            # here spares the awaiter that turn (a wake-up and a task switch),
-            # which is most of a small run's round trip. The pump then finds the
-            # run gone and skips it.
-            inflight = self._inflight
-            if inflight is not None and self._complete_early is not None and inflight.native.done:
-                self._complete_early(self)
-        if self._state == _PENDING:
-            signal = self._signal
-            if signal is None:
-                signal = self._signal = Signal(self._loop)
-            yield from signal.__await__()
+    def _wait_signal(self) -> Generator[Any, None, None]:
+        signal = self._signal
+        if signal is None:
+            signal = self._signal = Signal(self._loop)
+        yield from signal.__await__()
 
     def __repr__(self) -> str:
         state = ("pending", "done", "cancelled")[self._state]
@@ -127,9 +135,9 @@ class RunFuture:
 
     # -- for the scheduler -----------------------------------------------------------------
     @property
-    def inflight(self) -> "InFlight | None":
-        """The engine's record of the run until the future settles."""
-        return self._inflight
+    def native(self) -> Any:
+        """The engine's run (engine._native.Run, or a distributed run's record) until it is finished."""
+        return self._native
 
     def add_done_callback(self, fn: Callable[["RunFuture"], None]) -> None:
         """Calls fn(self) on the loop thread once the future is done (at once when it is)."""
@@ -145,14 +153,14 @@ class RunFuture:
         if self._state == _PENDING:
             self._settle(_DONE, result, error)
         else:
-            self._inflight = None
+            self._native = self._payload = None
 
     def _settle(self, state: int, result: Any, error: BaseException | None) -> None:
         self._state = state
         self._result = result
         self._error = error
         if state == _DONE:
-            self._inflight = None  # the run is over: let its native record go
+            self._native = self._payload = None  # the run is over: let its native record go
         if self._signal is not None:
             self._signal.set()
         callbacks, self._callbacks = self._callbacks, None

@@ -26,12 +26,12 @@ if TYPE_CHECKING:
     import asyncio
 
     from engine.binding import BoundCall
-    from engine.runtime import InFlight
+    from engine.runtime import Launched as LaunchedRun
 
 __all__ = ["Job", "ThreadLauncher", "Launched"]
 
-# What launching one job gives: the run, or the error it raised (the lease is released by then).
-Launched = Union["InFlight", BaseException]
+# What launching one job gives: the launched run, or the error it raised (the lease is released by then).
+Launched = Union["LaunchedRun", BaseException]
 
 
 class Job:

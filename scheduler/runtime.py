@@ -24,7 +24,7 @@ per thread hop: for programs whose orchestration is heavy enough to delay
 other work on the loop. Binding always runs on the loop (it is validation).
 The loop never waits for the device: completions arrive through the
 notifier's fd (scheduler._pump), and an awaiter that finds its run already
-done on the device finishes it on the spot (RunFuture._until_done); the only blocking wait is the error path of
+done on the device finishes it on the spot (RunFuture._finish_if_done); the only blocking wait is the error path of
 an orchestration that raised half-way, which waits for the tasks it already
 started.
 
@@ -124,6 +124,7 @@ class AsyncRuntime:
         self._threaded = bool(orchestrate_in_thread)
         self._close_runtime = bool(close_runtime)
         self._metrics = Metrics(metrics_window)
+        self._finish = runtime._finish_async  # (native run, id, payload) -> (result, error)
         self._state = _NEW
         self._pending: dict[int, RunFuture] = {}  # runs in flight (holding a slot), by native run id
         # Runs admitted here notify their completion (the pump hears of them) and are this object's to finish.
@@ -321,13 +322,13 @@ class AsyncRuntime:
     def _launch_here(self, call: Any, lease: Any, t_dispatch: int) -> RunFuture:
         """Stages and orchestrates on the loop thread; registers the run with the pump."""
         try:
-            inflight = self._rt._launch(call, lease, True, t_dispatch, self._metrics.log)
+            native, run_id, payload = self._rt._launch_async(call, lease, t_dispatch, self._metrics.log)
         except BaseException:
             self._admission.refill()  # the failed launch released its slot
             raise
-        fut = RunFuture(inflight, self._loop, self._complete_early)
+        fut = RunFuture(native, run_id, payload, self._loop, self._complete_early)
         # No completion can be handled before this line: the pump runs on this thread.
-        self._pending[inflight.id] = fut
+        self._pending[run_id] = fut
         return fut
 
     def _on_grant(self, job: Job, lease: Any) -> None:
@@ -368,7 +369,7 @@ class AsyncRuntime:
         """In the worker thread: stage and orchestrate one job."""
         try:
             assert job.call is not None and job.lease is not None
-            return self._rt._launch(job.call, job.lease, True, job.t_dispatch, self._metrics.log, self._now())
+            return self._rt._launch_async(job.call, job.lease, job.t_dispatch, self._metrics.log, self._now())
         except BaseException as e:
             return e
 
@@ -380,15 +381,15 @@ class AsyncRuntime:
                 freed = True  # the failed launch released its slot
                 job.settle(None, res)
                 continue
-            inflight = res
-            fut = RunFuture(inflight, self._loop, self._complete_early)
-            if inflight.native.done:
+            native, run_id, payload = res
+            fut = RunFuture(native, run_id, payload, self._loop, self._complete_early)
+            if native.done:
                 # The pump may already have drained this run's id (it was not
                 # registered yet): finish it here.
                 self._complete(fut)
                 freed = True
             else:
-                self._pending[inflight.id] = fut
+                self._pending[run_id] = fut
             if job.abandoned or self._cancelling:
                 fut.cancel()
             job.settle(fut)
@@ -410,8 +411,7 @@ class AsyncRuntime:
 
     def _complete_early(self, fut: RunFuture) -> None:
         """An awaiter found fut's run done on the device before the pump did: finish it now (loop thread)."""
-        inflight = fut._inflight
-        if inflight is None or self._pending.pop(inflight.id, None) is None:
+        if self._pending.pop(fut.run_id, None) is None:
             return  # the pump got there first
         self._complete(fut)
         if self._admission.waiting or self._idle_event is not None:
@@ -432,18 +432,15 @@ class AsyncRuntime:
         callback) or raised to one awaiter, and the future, already out of
         the pending table, would leave its other awaiters waiting forever.
         """
-        inflight = fut._inflight
         try:
-            assert inflight is not None
             try:
-                inflight.finish()  # outcome and write-backs (idempotent)
+                result, error = self._finish(fut._native, fut.run_id, fut._payload)  # outcome and write-backs
             except Exception as e:  # a write-back into the caller's array failed: the run's error
                 if not fut.cancelled():
                     self._metrics.writeback_failures += 1
                 fut._settle_outcome(None, e)
                 return
-            err = inflight.error()
-            fut._settle_outcome(inflight.outcome() if err is None else None, err)
+            fut._settle_outcome(result, error)
         except BaseException as e:  # noqa: BLE001
             fut._settle_outcome(None, e)
 

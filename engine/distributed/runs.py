@@ -102,11 +102,6 @@ class DistInFlight:
     def finished(self) -> bool:
         return self._finished
 
-    @property
-    def device_span(self) -> tuple[int, int]:
-        """(first task start, last task end) on the host clock, -1 when no task ran (as InFlight's)."""
-        return self.native.first_start_ns, self.native.last_end_ns
-
     def finish(self) -> None:
         """After the run completed: outcome, copies back to the caller's arrays, slot release. Exactly once."""
         with self._lock:
@@ -145,3 +140,7 @@ class DistInFlight:
 
     def error(self) -> BaseException | None:
         return self._error
+
+    def result_and_error(self) -> tuple[Any, BaseException | None]:
+        assert self._finished
+        return (self._result if self._error is None else None), self._error

@@ -255,19 +255,26 @@ class DistributedRuntime(DeviceMemoryHandle):
             self._launching -= 1
             self._state_cv.notify_all()
 
-    def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0,
-                log: "_native.RunLog | None" = None, launch_ns: int = 0) -> DistInFlight:
-        """Stages, orchestrates and seals one run. Releases the lease when the orchestration raises.
-
-        log, launch_ns: as Runtime._launch (the run records its timings in log when it is finished).
-        """
+    def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> DistInFlight:
+        """Stages, orchestrates and seals one run. Releases the lease when the orchestration raises."""
         try:
-            inflight = self._launch_leased(call, lease, notify, admit_start_ns)
+            return self._launch_leased(call, lease, notify, admit_start_ns)
         finally:
             self._launched()
+
+    def _launch_async(self, call: BoundCall, lease: Lease, dispatch_ns: int, log: "_native.RunLog | None",
+                      launch_ns: int = 0) -> tuple[RunRecord, int, DistInFlight]:
+        """As Runtime._launch_async: (run record, run id, what _finish_async takes); it records its timings in log."""
+        inflight = self._launch(call, lease, True, dispatch_ns)
         if log is not None:
-            inflight.log_to(log, admit_start_ns, launch_ns)
-        return inflight
+            inflight.log_to(log, dispatch_ns, launch_ns)
+        return inflight.native, inflight.id, inflight
+
+    @staticmethod
+    def _finish_async(native: RunRecord, run_id: int, inflight: DistInFlight) -> tuple[Any, BaseException | None]:
+        """(result, error) of a completed run from _launch_async; raises when a copy back fails."""
+        inflight.finish()
+        return inflight.result_and_error()
 
     def _launch_leased(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int) -> DistInFlight:
         assert self._slots is not None and self._dispatcher is not None

@@ -260,7 +260,7 @@ async def test_one_wakeup_delivers_every_run_completed_since_the_last(make_rt):
     async with art:
         futs = [await art.dispatch(float(i), 0) for i in range(8)]
         for f in futs:  # block the loop until the device finished all eight
-            assert f.inflight is not None and f.inflight.native.wait(PATIENCE)
+            assert f.native is not None and f.native.wait(PATIENCE)
         assert not any(f.done() for f in futs)
         before = len(wakeups)
         await eventually(lambda: all(f.done() for f in futs))
@@ -279,7 +279,7 @@ async def test_awaiting_a_run_the_device_already_finished_completes_it_without_t
     async with art:
         before = baseline(rt)
         fut = await art.dispatch(3.0, 0)
-        assert fut.inflight is not None and fut.inflight.native.wait(PATIENCE)  # the loop has not turned
+        assert fut.native is not None and fut.native.wait(PATIENCE)  # the loop has not turned
         assert not fut.done() and not wakeups
         np.testing.assert_array_equal(await fut, filled(3.0))  # finished here, not by the pump
         assert not wakeups and art.in_flight == 0 and art.stats().completed == 1
@@ -288,22 +288,22 @@ async def test_awaiting_a_run_the_device_already_finished_completes_it_without_t
         assert art.stats().completed == 2 and baseline(rt) == before
 
 
-async def test_an_error_while_completing_reaches_the_future_instead_of_hanging_it(make_rt, monkeypatch):
-    from engine.runtime import InFlight
-
+async def test_an_error_while_completing_reaches_the_future_instead_of_hanging_it(make_rt):
     rt = make_rt(tagged, depth=2)
     async with AsyncRuntime(rt) as art:
         before = baseline(rt)
+        real = art._finish
 
-        def broken(self) -> None:
+        def broken(*args):
             raise RuntimeError("bookkeeping bug")
 
-        with monkeypatch.context() as patch:
-            patch.setattr(InFlight, "outcome", broken)
-            fut = await art.dispatch(1.0, 0)
-            await eventually(fut.done, "the pump settles the future")  # by the pump: nobody awaits it yet
+        art._finish = broken
+        fut = await art.dispatch(1.0, 0)
+        await eventually(fut.done, "the pump settles the future")  # by the pump: nobody awaits it yet
         assert isinstance(fut.exception(), RuntimeError) and "bookkeeping bug" in str(fut.exception())
         assert art.in_flight == 0 and baseline(rt) == before  # the run was finished and its slot freed first
+        assert art.stats().failed == 1
+        art._finish = real
         np.testing.assert_array_equal(await art.call(2.0, 0), filled(2.0))
 
 
