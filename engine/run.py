@@ -73,7 +73,7 @@ _CALLS_KEPT = 256
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 
 
-def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> tuple | None:
+def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> tuple | int | None:
     """What makes a kernel call over DeviceTensors validate the same, or None when it cannot be kept.
 
     Steady-state orchestration repeats its calls run after run: the same
@@ -84,8 +84,8 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
     theirs while it is kept. Whether each tensor is still alive and this
     runtime's is checked on every call regardless.
     """
-    if not inputs and out is None and not scalars:  # noop-like calls: the kernel alone
-        return (id(kernel),)
+    if not inputs and out is None and not scalars:  # noop-like calls: the kernel alone (an int, unlike other keys)
+        return id(kernel)
     for t in inputs:
         if type(t) is not DeviceTensor:
             return None
@@ -105,7 +105,7 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
     return (id(kernel), tuple(map(id, inputs)), id(out), tuple(items))
 
 
-def _keep(calls: dict[tuple, Any], key: tuple, entry: Any) -> None:
+def _keep(calls: dict[tuple | int, Any], key: tuple | int, entry: Any) -> None:
     if len(calls) >= _CALLS_KEPT and key not in calls:
         calls.clear()
     calls[key] = entry

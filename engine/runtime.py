@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence, TypeAlias
 
 import numpy as np
 
@@ -24,19 +24,22 @@ __all__ = ["Runtime", "RunHandle"]
 _PLANNING_BUFFER_SIZE = 1 << 62
 
 # What admission hands out: a begun native run holding a slot, with its id and slot index.
-Admitted = tuple["_native.Run", int, int]
+Admitted: TypeAlias = "tuple[Any, int, int]"  # (engine._native.Run, run id, slot index)
 
 # What launching a run for an AsyncRuntime gives: the native run, its id, and what
 # finishing it takes (Runtime._finish_async). A tuple rather than a record object:
 # the scheduler's future is the one per-run object on that path.
-Launched = tuple["_native.Run", int, Any]
+Launched: TypeAlias = "tuple[Any, int, Any]"  # (engine._native.Run, run id, payload)
 
 
-def finish_run(native: "_native.Run", run_id: int, call: BoundCall, outputs: list[Any]) -> tuple[Any, BaseException | None]:
+def finish_run(native: "_native.Run", run_id: int, payload: tuple[BoundCall, list[Any]]) -> tuple[Any, BaseException | None]:
     """A completed native run's (result, error), with its outputs written back into the caller's arrays.
 
-    Raises when a write-back fails (the caller's array is not writable any more, say): the run's error.
+    payload: (the bound call, the run's outputs) as launching gave them. Raises
+    when a write-back fails (the caller's array is not writable any more, say):
+    the run's error.
     """
+    call, outputs = payload
     failure, cancelled, _, _ = native.outcome()
     if failure is not None:
         return None, KernelError(run_id, *failure)
@@ -56,14 +59,14 @@ class InFlight:
     it may be finished from several threads, so finishing takes a lock.
     """
 
-    __slots__ = ("rt", "native", "id", "call", "outputs", "_lock", "_finished", "_result", "_error")
+    __slots__ = ("rt", "native", "id", "payload", "_lock", "_finished", "_result", "_error")
 
-    def __init__(self, rt: "Runtime", native: "_native.Run", run_id: int, call: BoundCall, outputs: list[Any]) -> None:
+    def __init__(self, rt: "Runtime", native: "_native.Run", run_id: int,
+                 payload: tuple[BoundCall, list[Any]]) -> None:
         self.rt = rt
         self.native = native
         self.id = run_id
-        self.call: BoundCall | None = call
-        self.outputs = outputs
+        self.payload: tuple[BoundCall, list[Any]] | None = payload  # (call, outputs): the arguments it keeps alive
         self._lock = threading.Lock()
         self._finished = False
         self._result: Any = None
@@ -78,13 +81,13 @@ class InFlight:
         with self._lock:
             if self._finished:
                 return
-            call = self.call
-            assert call is not None
+            payload = self.payload
+            assert payload is not None
             try:
-                self._result, self._error = finish_run(self.native, self.id, call, self.outputs)
+                self._result, self._error = finish_run(self.native, self.id, payload)
             finally:
                 self._finished = True
-                self.call = None  # drop the arguments: the run no longer needs them
+                self.payload = None  # drop the arguments: the run no longer needs them
                 self.rt._forget(self)
 
     def outcome(self) -> Any:
@@ -180,7 +183,7 @@ class Runtime(DeviceMemoryHandle):
         self._owned: dict[int, Allocation] = {}  # every live allocation of this runtime, by id
         self._inflight: dict[int, InFlight] = {}  # runs submitted by threads, by native run id, in launch order
         self._kernels: dict[int, tuple[Any, Any]] = {}  # id(kernel object) -> (native kernel, object)
-        self._calls: dict[tuple, Any] = {}  # validated kernel calls, reused by run.submit (engine.run._call_key)
+        self._calls: dict[tuple | int, Any] = {}  # validated kernel calls, reused by run.submit (engine.run._call_key)
         self._callbacks: dict[str, Any] = {}
         self._host_spans: list[tuple[int, int, str, int, int]] | None = None  # when tracing
         self._device: _native.Device | None = None
@@ -304,35 +307,22 @@ class Runtime(DeviceMemoryHandle):
 
     def _launch(self, call: BoundCall, admitted: Admitted, admit_start_ns: int = 0) -> InFlight:
         """Launches a run admitted with notify=False (a thread's): registered, finished by its handle or by close."""
-        native, run_id, outputs = self._stage_and_orchestrate(call, admitted, admit_start_ns, None, 0)
-        inflight = InFlight(self, native, run_id, call, outputs)
+        native, run_id, payload = self._launch_async(call, admitted, admit_start_ns, None, 0)
+        inflight = InFlight(self, native, run_id, payload)
         with self._state_lock:
             self._inflight[run_id] = inflight
         return inflight
 
     def _launch_async(self, call: BoundCall, admitted: Admitted, dispatch_ns: int, log: "_native.RunLog | None",
                       launch_ns: int = 0) -> Launched:
-        """Launches a run admitted with notify=True for an AsyncRuntime, which finishes it (_finish_async).
-
-        dispatch_ns: when dispatch() was called; log: where the run records its
-        timings as it completes; launch_ns: when its orchestration started, if not at admission.
-        """
-        native, run_id, outputs = self._stage_and_orchestrate(call, admitted, dispatch_ns, log, launch_ns)
-        return native, run_id, (call, outputs)
-
-    @staticmethod
-    def _finish_async(native: "_native.Run", run_id: int, payload: Any) -> tuple[Any, BaseException | None]:
-        """(result, error) of a completed run from _launch_async; raises when a write-back fails."""
-        call, outputs = payload
-        return finish_run(native, run_id, call, outputs)
-
-    def _stage_and_orchestrate(self, call: BoundCall, admitted: Admitted, admit_start_ns: int,
-                               log: "_native.RunLog | None", launch_ns: int) -> tuple["_native.Run", int, list[Any]]:
         """Stages inputs through the slot, orchestrates and seals; the slot frees when the run completes.
 
-        Returns the native run, its id and its outputs. admit_start_ns: when the
-        caller asked for the run (for the trace and the log). On an error the run
-        is cancelled and sealed (so its slot frees) before it raises.
+        For an AsyncRuntime (the run was admitted with notify=True), which
+        finishes it with _finish_async; _launch() wraps it for threads.
+        dispatch_ns: when the caller asked for the run (for the trace and the
+        log); log: where the run records its timings as it completes;
+        launch_ns: when its orchestration started, if not at admission. On an
+        error the run is cancelled and sealed (so its slot frees) before it raises.
         """
         native, run_id, slot_index = admitted
         engine = self._engine
@@ -375,11 +365,11 @@ class Runtime(DeviceMemoryHandle):
             self.program.invoke(run, fn_args)
             for view, addr in copy_backs:
                 engine.submit_copy_back(native, view._native_arg(), addr)
-            engine.seal_logged(native, log, admit_start_ns, launch_ns)
+            engine.seal_logged(native, log, dispatch_ns, launch_ns)
             if spans is not None:
                 t_sealed = engine.now_ns()
-                if admit_start_ns:
-                    spans.append((run_id, slot.index, "admission", admit_start_ns, t_admitted))
+                if dispatch_ns:
+                    spans.append((run_id, slot.index, "admission", dispatch_ns, t_admitted))
                 spans.append((run_id, slot.index, "staging", t_admitted, t_staged))
                 spans.append((run_id, slot.index, "orchestration", t_staged, t_sealed))
         except BaseException:
@@ -391,7 +381,10 @@ class Runtime(DeviceMemoryHandle):
             if interrupted is not None:
                 raise interrupted
             raise
-        return native, run_id, outputs
+        return native, run_id, (call, outputs)
+
+    # (result, error) of a completed run from _launch_async; raises when a write-back fails.
+    _finish_async = staticmethod(finish_run)
 
     def _forget(self, inflight: InFlight) -> None:
         """Called once per registered run by InFlight.finish()."""

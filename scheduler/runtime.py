@@ -125,6 +125,7 @@ class AsyncRuntime:
         self._close_runtime = bool(close_runtime)
         self._metrics = Metrics(metrics_window)
         self._finish = runtime._finish_async  # (native run, id, payload) -> (result, error)
+        self._on_done_early = self._complete_early  # bound once: every future holds it
         self._state = _NEW
         self._pending: dict[int, RunFuture] = {}  # runs in flight (holding a slot), by native run id
         # Runs admitted here notify their completion (the pump hears of them) and are this object's to finish.
@@ -326,7 +327,7 @@ class AsyncRuntime:
         except BaseException:
             self._admission.refill()  # the failed launch released its slot
             raise
-        fut = RunFuture(native, run_id, payload, self._loop, self._complete_early)
+        fut = RunFuture(native, run_id, payload, self._loop, self._on_done_early)
         # No completion can be handled before this line: the pump runs on this thread.
         self._pending[run_id] = fut
         return fut
@@ -382,7 +383,7 @@ class AsyncRuntime:
                 job.settle(None, res)
                 continue
             native, run_id, payload = res
-            fut = RunFuture(native, run_id, payload, self._loop, self._complete_early)
+            fut = RunFuture(native, run_id, payload, self._loop, self._on_done_early)
             if native.done:
                 # The pump may already have drained this run's id (it was not
                 # registered yet): finish it here.

@@ -107,7 +107,7 @@ class _PlanningChip:
 
     def __init__(self, threads: int) -> None:
         self.workers = threads
-        self._calls: dict[tuple, Any] = {}  # validated calls run.submit keeps (engine.run._call_key)
+        self._calls: dict[tuple | int, Any] = {}  # validated calls run.submit keeps (engine.run._call_key)
 
     def _check_tensor(self, t: Any, what: str) -> None:
         if not isinstance(t, DeviceTensor):

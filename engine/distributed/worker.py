@@ -110,7 +110,7 @@ class ChipHost:
         self._engine: Any = _native.Engine(self._device, setup.threads)
         self.clock_offset_ns = time.monotonic_ns() - self._engine.now_ns()
         self._kernels: dict[int, tuple[Any, Any]] = {}
-        self._calls: dict[tuple, Any] = {}  # validated calls run.submit keeps (engine.run._call_key)
+        self._calls: dict[tuple | int, Any] = {}  # validated calls run.submit keeps (engine.run._call_key)
         self._allocs: dict[int, Allocation] = {}  # resident tensors and buffers, by device id
         self._regions: dict[int, tuple[SharedMemory, Allocation]] = {}
         self._programs = [_Prepared(resolve_program(p.module, p.qualname), dict(p.bounds), p.scratch_bytes)

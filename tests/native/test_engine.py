@@ -473,3 +473,32 @@ def test_spin_window_is_per_engine_and_zero_still_wakes_workers(device, spin_us)
         e.close()
     with pytest.raises(ValueError, match="spin_us"):
         _native.Engine(device, 1, -1)
+
+
+def test_a_sealed_run_records_its_kind_and_ordered_timings_in_its_log(eng, kernels, device):
+    log = _native.RunLog(8)
+    t0 = eng.now_ns()
+    done = eng.begin_run(False)
+    eng.submit(done, kernels["noop"], [], [])
+    eng.seal_logged(done, log, t0, 0)
+    failed = eng.begin_run(False)
+    eng.submit(failed, kernels["fail"], [], [])
+    eng.seal_logged(failed, log, t0, eng.now_ns())
+    cancelled = eng.begin_run(False)
+    cancelled.cancel()
+    eng.seal_logged(cancelled, log, t0, 0)
+    unlogged = eng.begin_run(False)
+    eng.seal_logged(unlogged, None, t0, 0)  # None: a plain seal
+    for r in (done, failed, cancelled, unlogged):
+        assert r.wait(10)
+    assert log.counts() == (3, 1, 1, 1)  # (launched, completed, failed, cancelled)
+    records = {r[7]: r for r in log.recent()}
+    for kind, (dispatch, admit, launch, sealed, first, last, finished, _) in records.items():
+        assert dispatch <= admit <= launch <= sealed <= finished, kind
+        if kind == 2:
+            assert (first, last) == (-1, -1)  # no task ran
+        else:
+            assert admit <= first <= last <= finished
+    # A run sealed already keeps what it had: a second seal_logged neither counts nor records it again.
+    eng.seal_logged(done, log, t0, 0)
+    assert log.counts() == (3, 1, 1, 1)

@@ -14,7 +14,7 @@ from engine.trace import ADMISSION_TID_BASE, DEVICE_PID, HOST_PID, chrome_trace
 from scheduler import AsyncRuntime, Stats
 from scheduler._metrics import overlap_ratio, percentiles
 
-from .conftest import add, eventually, maybe_fail, tagged
+from .conftest import PATIENCE_S, add, eventually, maybe_fail, tagged
 
 pytestmark = pytest.mark.anyio
 
@@ -52,6 +52,39 @@ async def test_stats_counts_and_percentiles(make_rt):
     assert s.latency.p50 >= s.device.p50  # end to end includes the device
     d = s.as_dict()
     assert d["latency"]["p99"] == s.latency.p99 and d["dispatched"] == 41
+
+
+async def test_a_run_is_counted_when_the_device_is_done_with_it_before_the_loop_hears(gated_rt, in_thread):
+    """Each run records itself where it completes: stats() counts it before the pump or an awaiter has seen it,
+    and the counts always add up."""
+    rt, gate = gated_rt(depth=2)
+    async with AsyncRuntime(rt, orchestrate_in_thread=in_thread) as art:
+        futs = [await art.dispatch(float(i)) for i in range(2)]
+        s = art.stats()
+        assert (s.dispatched, s.completed, s.in_flight) == (2, 0, 2)
+        gate.open()
+        for f in futs:  # block the loop thread on the device: no loop turn, no completion handled
+            assert f.native.wait(PATIENCE_S)
+        assert art.in_flight == 2  # the scheduler has not finished them
+        s = art.stats()
+        assert (s.dispatched, s.completed, s.failed, s.cancelled, s.in_flight) == (2, 2, 0, 0, 0)
+        assert s.latency.samples == 2 and s.orchestration.samples == 2
+        for f in futs:
+            await f
+        assert art.stats() == s  # finishing on the loop records nothing more
+
+
+async def test_a_failed_write_back_counts_as_failed_not_completed(make_rt):
+    rt = make_rt(add, bounds={"B": 4})
+    async with AsyncRuntime(rt) as art:
+        x = np.ones((2, 4), np.float32)
+        z = np.zeros((4, 2), np.float32).T  # not contiguous: staged and written back after the run
+        fut = await art.dispatch(x, x, z)
+        z.flags.writeable = False  # the caller broke its own output array meanwhile
+        with pytest.raises(ValueError):
+            await fut
+        s = art.stats()
+        assert (s.dispatched, s.completed, s.failed) == (1, 0, 1)
 
 
 async def test_overlap_ratio_sees_host_work_hidden_behind_the_device(gated_rt):
