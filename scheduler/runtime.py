@@ -401,6 +401,11 @@ class AsyncRuntime:
     # -- completions ------------------------------------------------------------------------------
     def _on_completions(self) -> None:
         """The pump woke up: finish every run completed since the last wake-up, then refill slots."""
+        self._finish_completed()
+        self._after_completions()
+
+    def _finish_completed(self) -> None:
+        """Finishes every run the notifier reported since it was last drained (and resets its fd)."""
         ids = self._engine.drain_completed()
         if ids:
             pending = self._pending
@@ -408,13 +413,18 @@ class AsyncRuntime:
                 fut = pending.pop(rid, None)
                 if fut is not None:  # None: finished already (at registration, or by an awaiter)
                     self._complete(fut)
-        self._after_completions()
 
     def _complete_early(self, fut: RunFuture) -> None:
-        """An awaiter found fut's run done on the device before the pump did: finish it now (loop thread)."""
-        if self._pending.pop(fut.run_id, None) is None:
-            return  # the pump got there first
-        self._complete(fut)
+        """An awaiter found fut's run done on the device before the pump did: finish it now (loop thread).
+
+        It finishes every run completed so far, as the pump would: with runs in
+        flight, the ones dispatched after fut are mostly done too, and their
+        awaiters then find them settled. fut's own id may reach the notifier a
+        moment after its run turned done; then it is finished on its own.
+        """
+        self._finish_completed()
+        if self._pending.pop(fut.run_id, None) is not None:  # its id was not queued yet
+            self._complete(fut)
         if self._admission.waiting or self._idle_event is not None:
             self._after_completions()
 
