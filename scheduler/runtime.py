@@ -24,9 +24,10 @@ per thread hop: for programs whose orchestration is heavy enough to delay
 other work on the loop. Binding always runs on the loop (it is validation).
 The loop never waits for the device: completions arrive through the
 notifier's fd (scheduler._pump), and an awaiter that finds its run already
-done on the device finishes it on the spot (RunFuture._finish_if_done); the only blocking wait is the error path of
-an orchestration that raised half-way, which waits for the tasks it already
-started.
+done on the device finishes it on the spot (RunFuture._finish_if_done), with
+every other run completed by then; the only blocking wait is the error path
+of an orchestration that raised half-way, which waits for the tasks it
+already started.
 
 Cancellation. A dispatch cancelled while waiting for admission leaves no
 trace. RunFuture.cancel() after admission skips device work not yet started;
@@ -68,6 +69,18 @@ try:  # the running backend's own checkpoint, looked up once per AsyncRuntime in
 except ImportError:  # pragma: no cover - a future anyio that moved it: the public function works too
     _get_async_backend = None
 
+from engine.errors import ClosedError, RunCancelledError
+from engine.runtime import Runtime
+from scheduler._admission import Admission
+from scheduler._futures import RunFuture
+from scheduler._launch import Job, Launched, ThreadLauncher
+from scheduler._metrics import Metrics, Stats
+from scheduler._pump import CompletionPump
+from scheduler._signal import running_asyncio_loop
+from scheduler._stream import RunStream, Source
+
+__all__ = ["AsyncRuntime"]
+
 
 def _dispatch_checkpoint() -> "Callable[[], Any] | None":
     """What dispatch() and call() await first on the running backend (None: nothing).
@@ -86,17 +99,6 @@ def _dispatch_checkpoint() -> "Callable[[], Any] | None":
         return _get_async_backend().checkpoint_if_cancelled
     return checkpoint_if_cancelled
 
-from engine.errors import ClosedError, RunCancelledError
-from engine.runtime import Runtime
-from scheduler._admission import Admission
-from scheduler._futures import RunFuture
-from scheduler._launch import Job, Launched, ThreadLauncher
-from scheduler._metrics import Metrics, Stats
-from scheduler._pump import CompletionPump
-from scheduler._signal import running_asyncio_loop
-from scheduler._stream import RunStream, Source
-
-__all__ = ["AsyncRuntime"]
 
 _NEW, _OPEN, _CLOSING, _CLOSED = range(4)
 
