@@ -40,7 +40,7 @@ def finish_run(native: "_native.Run", run_id: int, payload: tuple[BoundCall, lis
     the run's error.
     """
     call, outputs = payload
-    failure, cancelled, _, _ = native.outcome()
+    failure, cancelled = native.outcome()
     if failure is not None:
         return None, KernelError(run_id, *failure)
     if cancelled:

@@ -40,7 +40,7 @@ class RunFuture:
                  "_complete_early", "__weakref__")
 
     def __init__(self, native: Any, run_id: int, payload: Any, loop: "asyncio.AbstractEventLoop | None",
-                 complete_early: "Callable[[RunFuture], None] | None" = None) -> None:
+                 complete_early: "Callable[[RunFuture], None]") -> None:
         # The engine's run (done, cancel()) and what finishing it takes, until the run is finished.
         self._native: Any = native
         self._payload: Any = payload
@@ -119,7 +119,7 @@ class RunFuture:
         gone and skips it.
         """
         native = self._native
-        if native is not None and self._complete_early is not None and native.done:
+        if native is not None and native.done:
             self._complete_early(self)
 
     @types.coroutine

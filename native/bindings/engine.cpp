@@ -100,6 +100,12 @@ td_scalar to_scalar(const py::handle& h) {
   return s;
 }
 
+py::object failure_of(const Run& r) {
+  if (!r.failed()) return py::none();
+  RunFailure f = r.failure();
+  return py::make_tuple(f.task_index, f.kernel, f.message);
+}
+
 std::vector<td_scalar> to_scalars(const py::sequence& scalars) {
   std::vector<td_scalar> out;
   out.reserve(scalars.size());
@@ -197,12 +203,7 @@ void bind_engine(py::module_& m) {
           },
           py::arg("timeout") = py::none())
       .def_property_readonly("slot", &Run::slot, "the pipeline slot the run holds, -1 for none")
-      .def("failure",
-           [](const Run& r) -> py::object {
-             if (!r.failed()) return py::none();
-             RunFailure f = r.failure();
-             return py::make_tuple(f.task_index, f.kernel, f.message);
-           })
+      .def("failure", &failure_of, "(task index, kernel, message) of the run's first failure, or None")
       .def("times",
            [](const Run& r) {
              RunTimes t = r.times();
@@ -217,18 +218,8 @@ void bind_engine(py::module_& m) {
            })
       .def("attach_accessor", &Run::attach_accessor)
       .def(
-          "outcome",
-          [](const Run& r) {
-            // What finishing a run needs, in one call: (failure or None, cancelled, first_start_ns, last_end_ns).
-            const RunTimes t = r.times();
-            py::object failure = py::none();
-            if (r.failed()) {
-              RunFailure f = r.failure();
-              failure = py::make_tuple(f.task_index, f.kernel, f.message);
-            }
-            return py::make_tuple(failure, r.cancelled(), t.first_start_ns, t.last_end_ns);
-          },
-          "(failure or None, cancelled, first_start_ns, last_end_ns) of a completed run");
+          "outcome", [](const Run& r) { return py::make_tuple(failure_of(r), r.cancelled()); },
+          "(failure or None, cancelled) of a completed run: what finishing it needs, in one call");
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", "Worker pool, task graph and notifier of one runtime")
       .def(py::init<std::shared_ptr<Device>, int, int>(), py::arg("device"), py::arg("workers") = 0,
@@ -258,17 +249,7 @@ void bind_engine(py::module_& m) {
           },
           py::arg("path"), py::arg("symbol"), py::arg("name") = py::none())
       .def(
-          "begin_run",
-          [](Engine& e, bool notify, const py::object& accessor) {
-            // None is checked here: casting it to a holder costs pybind11 a failed
-            // attribute lookup (a formatted AttributeError) on every call.
-            std::shared_ptr<HostAccessor> acc;
-            if (!accessor.is_none()) acc = accessor.cast<std::shared_ptr<HostAccessor>>();
-            auto run = e.begin_run(notify);
-            if (acc) run->attach_accessor(std::move(acc));  // one call per run instead of two
-            return run;
-          },
-          py::arg("notify") = false, py::arg("accessor") = py::none())
+          "begin_run", &Engine::begin_run, py::arg("notify") = false)
       .def(
           "begin_run_leased",
           [](Engine& e, bool notify, const std::shared_ptr<SlotTable>& slots) -> py::object {

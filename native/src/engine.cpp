@@ -158,29 +158,23 @@ void Engine::submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_b
   if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);
 }
 
-void Engine::seal(Run& run) {
-  {
-    std::lock_guard<std::mutex> lock(submit_mu_);
-    if (run.sealed()) return;
-    run.sealed_.store(true, std::memory_order_release);
-    std::lock_guard<std::mutex> rlock(run.mu_);
-    run.sealed_ns_ = now_ns();
-  }
-  if (run.outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_run(run);
-}
+void Engine::seal(Run& run) { seal_logged(run, nullptr, 0, 0); }
 
 void Engine::seal_logged(Run& run, std::shared_ptr<RunLog> log, int64_t dispatch_ns, int64_t launch_ns) {
   {
-    // Under the submit lock as seal's flag: a run sealed already keeps what it had.
     std::lock_guard<std::mutex> lock(submit_mu_);
-    if (!run.sealed()) {
+    if (run.sealed()) return;  // a run sealed already (by close, say) keeps what it had
+    if (log) {
       log->launched();
       run.log_ = std::move(log);
       run.dispatch_ns_ = dispatch_ns;
       run.launch_ns_ = launch_ns;
     }
+    run.sealed_.store(true, std::memory_order_release);
+    std::lock_guard<std::mutex> rlock(run.mu_);
+    run.sealed_ns_ = now_ns();
   }
-  seal(run);
+  if (run.outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1) finish_run(run);
 }
 
 void Engine::enqueue_ready(std::vector<Task*>& ready) {

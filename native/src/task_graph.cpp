@@ -93,24 +93,21 @@ void Run::finish(int64_t now_ns, Notifier* announce_to) {
   // Free before done: whoever sees the run done may lease the slot at once.
   // Only this run holds this lease, so it cannot be stale.
   if (slots_) slots_->try_release(lease_);
-  if (log_) {  // before done too: whoever sees the run done finds it counted
-    RunTiming t;
-    t.dispatch_ns = dispatch_ns_;
-    t.admit_ns = created_ns_;
-    t.launch_ns = launch_ns_ != 0 ? launch_ns_ : created_ns_;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      t.sealed_ns = sealed_ns_;
-    }
-    t.first_start_ns = first_start_ns_.load(std::memory_order_relaxed);
-    t.last_end_ns = last_end_ns_.load(std::memory_order_relaxed);
-    t.done_ns = now_ns;
-    t.kind = cancelled() ? RunKind::Cancelled : failed() ? RunKind::Failed : RunKind::Completed;
-    log_->record(t);
-  }
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ns_ = now_ns;
+    if (log_) {  // before done: whoever sees the run done finds it counted
+      RunTiming t;
+      t.dispatch_ns = dispatch_ns_;
+      t.admit_ns = created_ns_;
+      t.launch_ns = launch_ns_ != 0 ? launch_ns_ : created_ns_;
+      t.sealed_ns = sealed_ns_;
+      t.first_start_ns = first_start_ns_.load(std::memory_order_relaxed);
+      t.last_end_ns = last_end_ns_.load(std::memory_order_relaxed);
+      t.done_ns = now_ns;
+      t.kind = cancelled() ? RunKind::Cancelled : failed() ? RunKind::Failed : RunKind::Completed;
+      log_->record(t);
+    }
     done_.store(true, std::memory_order_release);
     // The id goes out after done() turns true (a drainer can finish the run at
     // once) and before wait() can return (a waiter then finds it queued).

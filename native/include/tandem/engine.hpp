@@ -93,8 +93,8 @@ class Engine final : public TaskRunner {
   void submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base);
   // No more tasks for this run; it completes when its last task does.
   void seal(Run& run);
-  // seal(), and the run records its timings in `log` when it completes.
-  // dispatch_ns: when the caller asked for it; launch_ns: when its
+  // seal(), and the run records its timings in `log` (if any) when it
+  // completes. dispatch_ns: when the caller asked for it; launch_ns: when its
   // orchestration started (0: when it began).
   void seal_logged(Run& run, std::shared_ptr<RunLog> log, int64_t dispatch_ns, int64_t launch_ns);
 
