@@ -19,7 +19,7 @@ __all__ = ["Admission"]
 
 W = TypeVar("W")
 # What the runtime's lease source hands out: for a local Runtime a begun native
-# run holding a slot, for a DistributedRuntime an engine.slots.Lease.
+# run holding a slot, for a DistributedRuntime an engine.slots.SlotLease.
 L = TypeVar("L")
 
 

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from engine.binding import BoundArg, BoundCall
     from engine.distributed.dispatch import Dispatcher
     from engine.distributed.runtime import DistributedRuntime
-    from engine.slots import Lease
+    from engine.slots import SlotLease
 
 __all__ = ["RunRecord", "DistInFlight"]
 
@@ -75,7 +75,7 @@ class DistInFlight:
     __slots__ = ("rt", "native", "lease", "call", "outputs", "copy_outs", "_lock", "_finished", "_result",
                  "_error", "_log")
 
-    def __init__(self, rt: "DistributedRuntime", native: RunRecord, lease: "Lease", call: "BoundCall",
+    def __init__(self, rt: "DistributedRuntime", native: RunRecord, lease: "SlotLease", call: "BoundCall",
                  outputs: list[Any], copy_outs: list[tuple["BoundArg", np.ndarray]]) -> None:
         self.rt = rt
         self.native = native

@@ -46,7 +46,7 @@ from engine.hostarrays import as_numpy_view, empty_like_kind, is_host_array
 from engine.memory import DeviceMemoryHandle, check_tensor_request
 from engine.program import Param
 from engine.runtime import RunHandle, Runtime, _check_bounds, _check_positive_int
-from engine.slots import Lease, SlotPool
+from engine.slots import SlotLease
 from engine.specs import Scalar
 from engine.tensor import DeviceBuffer, DeviceTensor, contiguous_strides
 
@@ -111,7 +111,7 @@ class DistributedRuntime(DeviceMemoryHandle):
         self._host_spans: list[tuple[int, int, str, int, int]] | None = None
         self._owned: dict[int, WorkerAllocation] = {}  # live resident tensors and buffers, by id()
         self._engine = CompletionEngine()  # what scheduler.AsyncRuntime reads: notifier_fd, drain, clock
-        self._slots: SlotPool | None = None
+        self._slots: _native.SlotTable | None = None  # the lease state; the regions are _slot_list's
         self._slot_list: list[SharedSlot] = []
         self._dispatcher: Dispatcher | None = None
         self._transport = transport if transport is not None else ProcessTransport(workers, start_method)
@@ -124,7 +124,7 @@ class DistributedRuntime(DeviceMemoryHandle):
             self._slot_list = [SharedSlot(i, SharedAllocation(self, r.size, "shared", r.index,
                                                               np.frombuffer(r.buf, np.uint8)), self._layout)
                                for i, r in enumerate(regions)]
-            self._slots = SlotPool(self._slot_list)  # type: ignore[arg-type]
+            self._slots = _native.SlotTable(self.depth)
             self._dispatcher = Dispatcher(self._transport, workers, self._engine.post, self._engine.now_ns)
             region_specs = tuple(RegionSpec(r.index, r.name, r.size) for r in regions)
             setups = [Setup(i, threads, memory_limit or 0, specs, region_specs) for i in range(workers)]
@@ -213,7 +213,7 @@ class DistributedRuntime(DeviceMemoryHandle):
                                 f"[0]: {value[0].shape} {value[0].dtype.name}")
         return tuple(value)
 
-    def _admit_blocking(self) -> Lease:
+    def _admit_blocking(self) -> SlotLease:
         """FIFO admission for threads: reaps the oldest run in flight when no slot is free."""
         with self._admit_lock:
             while True:
@@ -226,9 +226,10 @@ class DistributedRuntime(DeviceMemoryHandle):
                     oldest.native.wait()
                     oldest.finish()
                 else:  # a slot is held by a launch still under way in another thread
-                    threading.Event().wait(0.0005)
+                    assert self._slots is not None
+                    self._slots.wait_free(0.0005)  # bounded: the launch may register its run instead
 
-    def _try_admit(self, notify: bool = False) -> Lease | None:
+    def _try_admit(self, notify: bool = False) -> SlotLease | None:
         """A slot lease if one is free. The caller must pass it to _launch() or _abandon().
 
         notify is for the local Runtime's signature (its runs are admitted as notifying or not);
@@ -242,11 +243,11 @@ class DistributedRuntime(DeviceMemoryHandle):
                 self._launching += 1
             return lease
 
-    def _abandon(self, lease: Lease) -> None:
+    def _abandon(self, lease: SlotLease) -> None:
         """Gives back a lease that will not be launched."""
         try:
             assert self._slots is not None
-            self._slots.release(lease)
+            self._slots.release(*lease)
         finally:
             self._launched()
 
@@ -255,14 +256,14 @@ class DistributedRuntime(DeviceMemoryHandle):
             self._launching -= 1
             self._state_cv.notify_all()
 
-    def _launch(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int = 0) -> DistInFlight:
+    def _launch(self, call: BoundCall, lease: SlotLease, notify: bool, admit_start_ns: int = 0) -> DistInFlight:
         """Stages, orchestrates and seals one run. Releases the lease when the orchestration raises."""
         try:
             return self._launch_leased(call, lease, notify, admit_start_ns)
         finally:
             self._launched()
 
-    def _launch_async(self, call: BoundCall, lease: Lease, dispatch_ns: int, log: "_native.RunLog | None",
+    def _launch_async(self, call: BoundCall, lease: SlotLease, dispatch_ns: int, log: "_native.RunLog | None",
                       launch_ns: int = 0) -> tuple[RunRecord, int, DistInFlight]:
         """As Runtime._launch_async: (run record, run id, what _finish_async takes); it records its timings in log."""
         inflight = self._launch(call, lease, True, dispatch_ns)
@@ -276,9 +277,9 @@ class DistributedRuntime(DeviceMemoryHandle):
         inflight.finish()
         return inflight.result_and_error()
 
-    def _launch_leased(self, call: BoundCall, lease: Lease, notify: bool, admit_start_ns: int) -> DistInFlight:
+    def _launch_leased(self, call: BoundCall, lease: SlotLease, notify: bool, admit_start_ns: int) -> DistInFlight:
         assert self._slots is not None and self._dispatcher is not None
-        slot: SharedSlot = lease.slot  # type: ignore[assignment]
+        slot = self._slot_list[lease[0]]
         now = self._engine.now_ns
         spans = self._host_spans
         t_admitted = now() if spans is not None else 0
@@ -317,7 +318,7 @@ class DistributedRuntime(DeviceMemoryHandle):
         except BaseException:
             if orch is not None:
                 orch.seal()  # a kept `orch` can submit no more
-            self._slots.release(lease)
+            self._slots.release(*lease)
             raise
         inflight = DistInFlight(self, run, lease, call, outputs, copy_outs)
         with self._state_lock:
@@ -336,7 +337,7 @@ class DistributedRuntime(DeviceMemoryHandle):
         with self._state_lock:
             self._inflight.pop(inflight.id, None)
         assert self._slots is not None
-        self._slots.release(inflight.lease)
+        self._slots.release(*inflight.lease)
 
     # -- tracing ----------------------------------------------------------------------------------------
     def set_tracing(self, on: bool) -> None:

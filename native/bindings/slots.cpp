@@ -15,6 +15,7 @@ void bind_slots(py::module_& m) {
       m, "SlotTable",
       "Pipeline slots, one per accessor: each leased to one run at a time; a stale lease is rejected")
       .def(py::init<std::vector<std::shared_ptr<HostAccessor>>>(), py::arg("accessors"))
+      .def(py::init<size_t>(), py::arg("depth"), "depth slots without accessors")
       .def_property_readonly("depth", &SlotTable::depth)
       .def_property_readonly("free_count", &SlotTable::free_count)
       .def("accessor", &SlotTable::accessor, py::arg("index"))

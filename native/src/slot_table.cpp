@@ -6,21 +6,22 @@
 
 namespace tandem {
 
-SlotTable::SlotTable(std::vector<std::shared_ptr<HostAccessor>> accessors)
-    : accessors_(std::move(accessors)),
-      generation_(accessors_.size(), 0),
-      leased_(accessors_.size(), false),
-      free_ring_(accessors_.size(), -1) {
-  if (accessors_.empty()) throw InvalidArgument("a slot table needs at least one slot");
-  for (size_t i = 0; i < accessors_.size(); ++i) {
-    if (!accessors_[i]) throw InvalidArgument("slot " + std::to_string(i) + " has no accessor");
+SlotTable::SlotTable(size_t depth)
+    : accessors_(depth), generation_(depth, 0), leased_(depth, false), free_ring_(depth, -1) {
+  if (depth == 0) throw InvalidArgument("a slot table needs at least one slot");
+  for (size_t i = 0; i < depth; ++i) free_ring_[i] = static_cast<int32_t>(i);
+  free_count_ = depth;
+}
+
+SlotTable::SlotTable(std::vector<std::shared_ptr<HostAccessor>> accessors) : SlotTable(accessors.size()) {
+  for (size_t i = 0; i < accessors.size(); ++i) {
+    if (!accessors[i]) throw InvalidArgument("slot " + std::to_string(i) + " has no accessor");
     // Two slots sharing an accessor would share one run's host mappings.
-    if (std::count(accessors_.begin(), accessors_.end(), accessors_[i]) > 1) {
+    if (std::count(accessors.begin(), accessors.end(), accessors[i]) > 1) {
       throw InvalidArgument("slot " + std::to_string(i) + " shares its accessor with another slot");
     }
-    free_ring_[i] = static_cast<int32_t>(i);
   }
-  free_count_ = accessors_.size();
+  accessors_ = std::move(accessors);
 }
 
 size_t SlotTable::free_count() const {

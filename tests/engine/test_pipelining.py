@@ -9,86 +9,60 @@ import pytest
 import engine
 from engine import In, InOut, Out, Scalar
 from engine import _native
-from engine.slots import Lease, Slot, SlotPool, StaleLeaseError
+from engine.slots import StaleLeaseError
 
 from .conftest import Gate, k_copy
 
 
-# -- the slot pools: SlotPool (Python, distributed runtimes) and SlotTable (native, Runtime) ---------
-class PoolUnderTest:
-    """One face over both pools: lease() -> (index, generation) or None, release((index, generation))."""
-
-    def __init__(self, kind, n):
-        self.kind = kind
-        if kind == "python":
-            self.pool = SlotPool([Slot(i, {}, None, None) for i in range(n)])
-        else:
-            device = _native.Device(0)
-            self.pool = _native.SlotTable([_native.HostAccessor(device) for _ in range(n)])
-
-    @property
-    def depth(self):
-        return self.pool.depth
-
-    @property
-    def free_count(self):
-        return self.pool.free_count
-
-    def lease(self):
-        if self.kind == "native":
-            return self.pool.try_lease()
-        lease = self.pool.try_lease()
-        return None if lease is None else (lease.slot.index, lease.generation)
-
-    def release(self, held):
-        if self.kind == "native":
-            self.pool.release(*held)
-        else:
-            index, generation = held
-            self.pool.release(Lease(self.pool.slots[index], generation))
+# -- the slot table: with accessors (Runtime) or by depth alone (DistributedRuntime) ------------------
+def _table(kind, n):
+    if kind == "by depth":
+        return _native.SlotTable(n)
+    device = _native.Device(0)
+    return _native.SlotTable([_native.HostAccessor(device) for _ in range(n)])
 
 
-@pytest.fixture(params=["python", "native"])
+@pytest.fixture(params=["with accessors", "by depth"])
 def make_pool(request):
-    return lambda n: PoolUnderTest(request.param, n)
+    return lambda n: _table(request.param, n)
 
 
 def test_slot_pool_leases_each_slot_once_and_then_runs_dry(make_pool):
     pool = make_pool(3)
     assert pool.depth == 3 and pool.free_count == 3
-    leases = [pool.lease() for _ in range(3)]
+    leases = [pool.try_lease() for _ in range(3)]
     assert sorted(index for index, _ in leases) == [0, 1, 2]
-    assert pool.lease() is None
+    assert pool.try_lease() is None
     assert pool.free_count == 0
     for l in leases:
-        pool.release(l)
+        pool.release(*l)
     assert pool.free_count == 3
 
 
 def test_release_advances_the_generation_and_a_stale_lease_is_rejected(make_pool):
     pool = make_pool(1)
-    first = pool.lease()
-    pool.release(first)
+    first = pool.try_lease()
+    pool.release(*first)
     with pytest.raises(StaleLeaseError):
-        pool.release(first)  # released twice
+        pool.release(*first)  # released twice
     assert pool.free_count == 1
-    second = pool.lease()
+    second = pool.try_lease()
     assert second == (first[0], first[1] + 1)
     with pytest.raises(StaleLeaseError):
-        pool.release(first)  # a lease from an earlier run cannot release the new holder's slot
+        pool.release(*first)  # a lease from an earlier run cannot release the new holder's slot
     assert pool.free_count == 0
-    pool.release(second)
+    pool.release(*second)
     assert pool.free_count == 1
     assert issubclass(StaleLeaseError, ValueError)
 
 
 def test_slots_are_handed_out_in_release_order(make_pool):
     pool = make_pool(3)
-    a, b, c = (pool.lease() for _ in range(3))
-    pool.release(b)
-    pool.release(a)
-    assert pool.lease()[0] == b[0]
-    assert pool.lease()[0] == a[0]
+    a, b, c = (pool.try_lease() for _ in range(3))
+    pool.release(*b)
+    pool.release(*a)
+    assert pool.try_lease()[0] == b[0]
+    assert pool.try_lease()[0] == a[0]
 
 
 def test_concurrent_lease_release_keeps_every_release_exactly_once(make_pool):
@@ -98,14 +72,14 @@ def test_concurrent_lease_release_keeps_every_release_exactly_once(make_pool):
 
     def worker():
         for _ in range(2000):
-            lease = pool.lease()
+            lease = pool.try_lease()
             if lease is None:
                 continue
             with lock:
                 counts[lease[0]] += 1
-            pool.release(lease)
+            pool.release(*lease)
             try:
-                pool.release(lease)
+                pool.release(*lease)
                 errors.append("double release accepted")
             except StaleLeaseError:
                 pass
@@ -117,19 +91,18 @@ def test_concurrent_lease_release_keeps_every_release_exactly_once(make_pool):
         t.join()
     assert not errors
     assert pool.free_count == 4
-    final = [pool.lease() for _ in range(4)]
+    final = [pool.try_lease() for _ in range(4)]
     assert sorted(g for _, g in final) == sorted(counts)  # each slot's generation counts its releases
     assert sum(dict(final)[i] for i in range(4)) == sum(counts)
 
 
-def test_python_slot_pool_reports_generations_and_wants_ordered_indexes():
-    pool = SlotPool([Slot(i, {}, None, None) for i in range(2)])
-    lease = pool.try_lease()
-    assert pool.leased(lease.slot) and pool.generation(lease.slot) == 0
-    pool.release(lease)
-    assert not pool.leased(lease.slot) and pool.generation(lease.slot) == 1
-    with pytest.raises(ValueError, match="0..depth-1"):
-        SlotPool([Slot(1, {}, None, None)])
+def test_a_slot_table_by_depth_has_no_accessors_and_wants_a_slot():
+    table = _native.SlotTable(2)
+    assert table.depth == 2 and table.accessor(0) is None and table.accessor(1) is None
+    with pytest.raises(ValueError, match="at least one slot"):
+        _native.SlotTable(0)
+    with pytest.raises(TypeError):
+        _native.SlotTable(-1)
 
 
 def test_native_slot_table_rejects_a_bad_construction_and_names_its_slots():

@@ -34,11 +34,15 @@ class SlotTable {
  public:
   // One slot per accessor (non-null, distinct), all free, at generation 0.
   explicit SlotTable(std::vector<std::shared_ptr<HostAccessor>> accessors);
+  // `depth` slots without accessors, for runs whose host data goes elsewhere
+  // (the distributed runtime's, which complete in other processes).
+  explicit SlotTable(size_t depth);
   SlotTable(const SlotTable&) = delete;
   SlotTable& operator=(const SlotTable&) = delete;
 
   size_t depth() const { return accessors_.size(); }
   size_t free_count() const;
+  // Null for a slot without one.
   const std::shared_ptr<HostAccessor>& accessor(size_t index) const;
 
   // A free slot, the one released longest ago first; nullopt when all are leased.
@@ -51,7 +55,7 @@ class SlotTable {
   bool wait_free(double timeout_s) const;
 
  private:
-  const std::vector<std::shared_ptr<HostAccessor>> accessors_;
+  std::vector<std::shared_ptr<HostAccessor>> accessors_;  // set at construction only
   mutable std::mutex mu_;
   mutable std::condition_variable freed_;
   std::vector<uint64_t> generation_;
