@@ -96,6 +96,10 @@ DTYPE_ERRORS = [
     (K.attention, [t((1, 3, 4), float16), t((1, 5, 4)), t((1, 5, 4))], t((1, 3, 4)), {}, ["attention", "'q'", "float16", "float32"]),
     (K.attention, [t((1, 3, 4)), t((1, 5, 4)), t((1, 5, 4))], t((1, 3, 4)), {"mask": t((3, 5), int32)}, ["attention", "'mask'", "int32"]),
     (K.copy, [t((3,))], t((3,), float16), {}, ["copy", "'out'", "float16", "float32"]),
+    (K.add, [t((5,), int32), t((5,), int32)], t((5,), int32), {}, ["add", "'a'", "int32", "float32, float16, bfloat16"]),
+    (K.add, [t((5,)), t((5,))], t((5,), float16), {}, ["add", "'out'", "float16", "float32"]),
+    (K.layernorm, [t((2, 5)), t((5,)), t((5,), float16)], t((2, 5)), {}, ["layernorm", "'beta'", "float16", "float32"]),
+    (K.softmax, [t((2, 5))], t((2, 5)), {"mask": t((5,), float16)}, ["softmax", "'mask'", "float16", "float32"]),
     (K.transpose, [t((3, 2), int32)], t((2, 3), int64), {}, ["transpose", "'out'", "int64", "int32"]),
 ]
 
@@ -133,6 +137,9 @@ SHAPE_ERRORS = [
     (K.transpose, [t((3, 2))], t((3, 2)), {}, ["transpose", "'out'", "(3, 2)", "(2, 3)"]),
     (K.cast, [t((3, 2))], t((2, 3), int32), {}, ["cast", "'out'", "(2, 3)", "(3, 2)"]),
     (K.copy, [t((3, 2))], t((6,)), {}, ["copy", "'out'", "(6,)", "(3, 2)"]),
+    (K.matmul, [t((2, 3)), t((3,))], t((2,)), {}, ["matmul", "'b'", "(3,)", "at least 2 dims"]),
+    (K.mean_pool, [t((3,)), t((3,))], t(()), {}, ["mean_pool", "'x'", "(3,)", "at least 2 dims"]),
+    (K.embedding, [t((1,) * 8, int32), t((7, 4))], t((1,) * 7 + (4,)), {}, ["embedding", "'ids'", "(1, 1, 1, 1, 1, 1, 1, 1)", "7"]),
 ]
 
 
@@ -188,6 +195,38 @@ def test_empty_axis_reductions_are_value_errors():
         K.max.bind((t((3, 0)),), t((3,)), {})
     with raises(ValueError, "argmax", "empty"):
         K.argmax.bind((t((3, 0)),), t((3,), int32), {})
+    with raises(ValueError, "attention", "at least one key position", "(1, 0, 4)"):
+        K.attention.bind((t((1, 3, 4)), t((1, 0, 4)), t((1, 0, 4))), t((1, 3, 4)), {})
+
+
+def _zeros(*shape, dt=np.float32):
+    return np.zeros(shape, dt)  # numpy gives empty arrays zero strides
+
+
+EMPTY_CALLS = [
+    (K.relu, [_zeros(0, 5)], _zeros(0, 5), {}, None),
+    (K.add, [_zeros(0, 5), _zeros(5)], _zeros(0, 5), {}, None),
+    (K.softmax, [_zeros(3, 0)], _zeros(3, 0), {}, None),
+    (K.layernorm, [_zeros(3, 0), _zeros(0), _zeros(0)], _zeros(3, 0), {}, None),
+    (K.matmul, [_zeros(0, 3), _zeros(3, 4)], _zeros(0, 4), {}, None),
+    (K.attention, [_zeros(1, 0, 4), _zeros(1, 3, 4), _zeros(1, 3, 4)], _zeros(1, 0, 4), {}, None),
+    (K.embedding, [_zeros(0, dt=np.int64), _zeros(5, 4)], _zeros(0, 4), {}, None),
+    (K.transpose, [_zeros(0, 3)], _zeros(3, 0), {}, None),
+    (K.fill, [], _zeros(0, 3), {"value": 1.0}, None),
+    # Empty reductions give numpy's answers; an empty inner dim leaves beta * out.
+    (K.sum, [_zeros(3, 0)], np.full(3, 7, np.float32), {}, np.zeros(3)),
+    (K.mean, [_zeros(3, 0)], np.full(3, 7, np.float32), {}, np.full(3, np.nan)),
+    (K.matmul, [_zeros(2, 0), _zeros(0, 3)], np.full((2, 3), 4, np.float32), {"beta": 0.5}, np.full((2, 3), 2.0)),
+]
+
+
+@pytest.mark.parametrize("kernel,inputs,out,kw,expected", EMPTY_CALLS, ids=[f"{c[0].name}-{i}" for i, c in enumerate(EMPTY_CALLS)])
+def test_empty_tensors_are_accepted(kernel, inputs, out, kw, expected):
+    # A zero-size out has no elements to overlap, whatever strides numpy gives it.
+    assert 0 in out.shape or 0 in inputs[0].shape
+    run(kernel, *[HostTensor(x) for x in inputs], out=HostTensor(out), **kw)
+    if expected is not None:
+        np.testing.assert_array_equal(out, expected)
 
 
 # -- ValueError: aliases ---------------------------------------------------------------------------------
@@ -226,9 +265,10 @@ def test_rejected_calls_never_reach_the_device(rng):
     with pytest.raises(TypeError):
         run(K.matmul, a, a, out=out)
     np.testing.assert_array_equal(out.array, np.full((4, 5), 3.0, np.float32))
+    before = a.array.copy()
     with pytest.raises(ValueError):
         run(K.matmul, a, a, out=a)
-    np.testing.assert_array_equal(a.array, a.array)
+    np.testing.assert_array_equal(a.array, before)
 
 
 # -- user kernels ----------------------------------------------------------------------------------------
