@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import engine.kernels as K
-from engine.dtypes import float32
+from engine.dtypes import bfloat16, float16, float32
 from tests.kernels.harness import HostTensor, empty, run, tensor
 
 TOL = {"rtol": 1e-5, "atol": 1e-5}
@@ -105,6 +105,23 @@ def test_kv_cache_prefix_ignores_the_tail(rng, causal, sq, kv_len):
     out = empty(q.shape, float32)
     run(K.attention, q, k, v, out=out, kv_len=kv_len, causal=causal)
     ref = attn_ref(q.f64(), k.f64(), v.f64(), causal=causal, kv_len=kv_len)
+    np.testing.assert_allclose(out.array, ref, **TOL)
+
+
+@pytest.mark.parametrize("mdt", [float32, float16, bfloat16], ids=str)
+@pytest.mark.parametrize("causal,kv_len", [(True, None), (False, 29), (True, 29)], ids=str)
+def test_mask_with_causal_and_kv_len(rng, mdt, causal, kv_len):
+    cap, sq = 40, 7
+    q, k, v = qkv(rng, 2, 3, sq, cap, 8)
+    if kv_len is not None:  # the cache's stale tail must not be read
+        k.array[..., kv_len:, :] = np.nan
+        v.array[..., kv_len:, :] = np.nan
+    mv = np.where(rng.random((2, 1, sq, cap)) < 0.3, -np.inf, rng.standard_normal((2, 1, sq, cap)))
+    mv[..., 0] = 0.0  # keep one key visible in every row
+    mask = tensor(mv, mdt, "strided")
+    out = empty(q.shape, float32)
+    run(K.attention, q, k, v, out=out, mask=mask, causal=causal, kv_len=kv_len)
+    ref = attn_ref(q.f64(), k.f64(), v.f64(), mask=mask.f64(), causal=causal, kv_len=kv_len)
     np.testing.assert_allclose(out.array, ref, **TOL)
 
 

@@ -136,10 +136,11 @@ def test_embedding(rng, idt, dt, ishape):
     np.testing.assert_array_equal(as_f64(out), as_f64(table)[ids.array])
 
 
-@pytest.mark.parametrize("bad", [101, -1, 2**40])
-def test_embedding_out_of_range_fails_cleanly(rng, bad):
+@pytest.mark.parametrize("idt,bad", [(int64, 101), (int64, -1), (int64, 2**40), (int32, 101), (int32, -1), (int32, -(2**31))],
+                         ids=str)
+def test_embedding_out_of_range_fails_cleanly(rng, idt, bad):
     table = tensor(rng.standard_normal((101, 4)), float32)
-    ids = HostTensor(np.array([[1, 2], [bad, 3]], np.int64))
+    ids = HostTensor(np.array([[1, 2], [bad, 3]], idt.numpy))
     out = empty((2, 2, 4), float32, fill=7.0)
     with pytest.raises(RuntimeError, match=rf"embedding: id {bad} at position 2 is out of range for a table of 101 rows"):
         run(K.embedding, ids, table, out=out)

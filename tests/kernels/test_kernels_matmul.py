@@ -108,12 +108,24 @@ def test_batched_strided_rows_not_folded(rng, la):
     check(out, a.f64() @ b.f64(), 13)
 
 
-def test_batched_transpose_b_attention_scores(rng):
-    q = tensor(rng.standard_normal((2, 4, 11, 8)), float32)
-    k = tensor(rng.standard_normal((2, 4, 13, 8)), float32, "strided")
-    out = empty((2, 4, 11, 13), float32)
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("kshape", [(2, 4, 13, 8), (13, 8)], ids=["batched k", "shared k"])
+def test_batched_transpose_b_attention_scores(rng, dt, kshape):
+    q = tensor(rng.standard_normal((2, 4, 11, 8)), dt)
+    k = tensor(rng.standard_normal(kshape), dt, "strided")
+    out = empty((2, 4, 11, 13), dt)
     run(K.matmul, q, k, out=out, transpose_b=True, alpha=0.125)
     check(out, 0.125 * q.f64() @ np.swapaxes(k.f64(), -1, -2), 8)
+
+
+@pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
+@pytest.mark.parametrize("bshape", [(2, 3, 13, 7), (13, 7)], ids=["batched b", "shared b"])
+def test_batched_alpha_beta_accumulate(rng, dt, bshape):
+    a, b = tensor(rng.standard_normal((2, 3, 9, 13)), dt), tensor(rng.standard_normal(bshape), dt)
+    out = tensor(rng.standard_normal((2, 3, 9, 7)), dt, "strided")
+    before = out.f64().copy()
+    run(K.matmul, a, b, out=out, alpha=-1.5, beta=0.25)
+    check(out, -1.5 * (a.f64() @ b.f64()) + 0.25 * before, 13)
 
 
 def test_empty_inner_dim_scales_out(rng):

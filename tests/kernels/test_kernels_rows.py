@@ -15,7 +15,7 @@ import pytest
 import torch
 
 import engine.kernels as K
-from engine.dtypes import bfloat16, float32, int32, int64, uint8
+from engine.dtypes import bfloat16, float16, float32, int32, int64, uint8
 from tests.kernels.harness import EPS, FLOAT_DTYPES, LAYOUTS, HostTensor, assert_close, empty, run, tensor
 
 SHAPES = [(13,), (7, 33), (3, 5, 129), (2, 3, 4, 1031)]
@@ -56,17 +56,19 @@ def test_softmax_mask_broadcast(rng, dt, mshape):
     assert_close(out, softmax_ref(x.f64() + mask.f64()), **tol(dt))
 
 
-def test_softmax_mask_in_x_dtype_and_fully_masked_row(rng):
-    x = tensor(rng.standard_normal((4, 9)), bfloat16)
-    mv = np.zeros((4, 9))
+@pytest.mark.parametrize("dt", [float16, bfloat16], ids=str)
+def test_softmax_mask_in_x_dtype_and_fully_masked_row(rng, dt):
+    x = tensor(rng.standard_normal((4, 9)), dt)
+    mv = np.where(rng.random((4, 9)) < 0.2, -np.inf, rng.standard_normal((4, 9)))
     mv[2, :] = -np.inf
     mv[1, 3:] = -np.inf
-    out = empty((4, 9), bfloat16)
-    run(K.softmax, x, out=out, mask=tensor(mv, bfloat16))
+    mask = tensor(mv, dt)
+    out = empty((4, 9), dt)
+    run(K.softmax, x, out=out, mask=mask)
     got = out.f64()
     np.testing.assert_array_equal(got[2], np.zeros(9))
     np.testing.assert_array_equal(got[1, 3:], np.zeros(6))
-    assert_close(out, softmax_ref(x.f64() + mv), **tol(bfloat16))
+    assert_close(out, softmax_ref(x.f64() + mask.f64()), **tol(dt))
 
 
 def test_softmax_in_place_and_large_values(rng):
@@ -94,10 +96,11 @@ def test_layernorm(rng, dt, shape):
 
 @pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
-def test_rmsnorm(rng, dt, shape):
+@pytest.mark.parametrize("gdt", ["x's", float32], ids=str)
+def test_rmsnorm(rng, dt, shape, gdt):
     n = shape[-1]
     x = tensor(rng.standard_normal(shape) * 3, dt, LAYOUTS[-len(shape)])
-    g = tensor(rng.standard_normal(n), dt)
+    g = tensor(rng.standard_normal(n), dt if gdt == "x's" else gdt)  # float32 gamma with half activations too
     out = empty(shape, dt, "strided")
     run(K.rmsnorm, x, g, out=out)
     xf = x.f64()
@@ -179,19 +182,20 @@ def test_argmax(rng, dt, idt, shape):
 
 
 @pytest.mark.parametrize("dt", FLOAT_DTYPES, ids=str)
-@pytest.mark.parametrize("mdt", [float32, int64, int32, uint8], ids=str)
+@pytest.mark.parametrize("mdt", ["x's", float32, int64, int32, uint8], ids=str)
 @pytest.mark.parametrize("xlayout", ["contiguous", "transposed"])
 def test_mean_pool(rng, dt, mdt, xlayout):
+    mdt = dt if mdt == "x's" else mdt
     b, s, d = 3, 11, 37
     x = tensor(rng.standard_normal((b, s, d)), dt, xlayout)
     lengths = [11, 4, 0]
     mv = np.zeros((b, s))
     for i, n in enumerate(lengths):
         mv[i, :n] = 1
-    mask = HostTensor(mv.astype(mdt.numpy), mdt) if mdt != float32 else tensor(mv * 0.5, float32, "strided")
+    mask = tensor(mv * 0.5, mdt, "strided") if mdt.is_float else HostTensor(mv.astype(mdt.numpy), mdt)
     out = empty((b, d), dt)
     run(K.mean_pool, x, mask, out=out)
-    m = mask.array.astype(np.float64)
+    m = mask.f64()
     ref = (x.f64() * m[..., None]).sum(1) / np.maximum(m.sum(1), 1e-9)[:, None]
     assert_close(out, ref, rtol=2 * EPS[dt] + 1e-6, atol=1e-6)
     np.testing.assert_array_equal(out.f64()[2], np.zeros(d))  # an all-padding row pools to zeros
