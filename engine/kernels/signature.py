@@ -452,10 +452,10 @@ class Kernel:
     def _check_aliases(self, tensors: dict[str, TensorLike]) -> None:
         assert self.out is not None
         out = tensors[self.out]
-        # An empty tensor has no elements to overlap (numpy gives it zero strides).
-        for d, s in zip(out.shape, out.strides):
-            if s == 0 and d > 1 and 0 not in out.shape:
-                raise ValueError(f"{self.name}: argument '{self.out}' has a zero stride, so its elements overlap")
+        if 0 not in out.shape:  # an empty tensor has no elements to overlap (numpy gives it zero strides)
+            for d, s in zip(out.shape, out.strides):
+                if s == 0 and d > 1:
+                    raise ValueError(f"{self.name}: argument '{self.out}' has a zero stride, so its elements overlap")
         for name in self.inputs + self.optional:
             t = tensors.get(name)
             if t is None or not out.overlaps(t):
