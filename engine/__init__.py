@@ -14,7 +14,8 @@ from engine.errors import ClosedError, DeviceMemoryError, KernelError, RunCancel
 from engine.memory import DeviceMemoryHandle
 from engine.program import Program, program
 from engine.run import HostKernel, Run, host_kernel
-from engine.runtime import RunHandle, Runtime
+from engine.handles import RunHandle
+from engine.runtime import Runtime
 from engine.specs import In, InOut, Out, Scalar
 from engine.tensor import DeviceBuffer, DeviceTensor
 

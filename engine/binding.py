@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import sys
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
 from engine.hostarrays import as_numpy_view, host_dtype, is_host_array, is_torch
-from engine.program import Param, Program
+from engine.program import Param
 from engine.specs import Scalar, TensorSpec
 from engine.tensor import DeviceTensor
 
-if TYPE_CHECKING:
-    from engine.runtime import Runtime
+__all__ = ["BoundArg", "BoundCall", "Signature", "bind_call"]
 
-__all__ = ["BoundArg", "BoundCall", "bind_call"]
+
+class Signature(Protocol):
+    """What binding reads of a program."""
+
+    name: str
+    params: tuple[Param, ...]
+    param_names: frozenset[str]
 
 _TooHardError = getattr(getattr(np, "exceptions", np), "TooHardError")  # numpy.exceptions from 1.25
 
@@ -42,8 +47,13 @@ class BoundCall:
     outputs: list[int] = field(default_factory=list)  # indices of Out / InOut args
 
 
-def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, Any],
-              bounds: Mapping[str, int]) -> BoundCall:
+def bind_call(check_tensor: Callable[[Any, str], None], prog: Signature, args: tuple[Any, ...],
+              kwargs: Mapping[str, Any], bounds: Mapping[str, int]) -> BoundCall:
+    """Binds one call's arguments to prog's parameters: shapes, dtypes, symbols, outputs.
+
+    check_tensor(t, what) raises when a DeviceTensor argument may not be
+    used (another runtime's, freed, ...).
+    """
     params = prog.params
     if len(args) > len(params):
         raise TypeError(f"{prog.name}() takes {len(params)} arguments but {len(args)} were given")
@@ -91,7 +101,7 @@ def bind_call(rt: "Runtime", prog: Program, args: tuple, kwargs: Mapping[str, An
             dtype = host_dtype(v)
             shape = v.shape
         elif isinstance(v, DeviceTensor):
-            rt._check_tensor(v, f"parameter '{p.name}'")
+            check_tensor(v, f"parameter '{p.name}'")
             shape, dtype = v.shape, v.dtype
         elif is_host_array(v):
             dtype = host_dtype(v)

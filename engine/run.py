@@ -5,17 +5,15 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from engine import _native
-from engine.dtypes import DType, as_dtype
-from engine.tensor import Allocation, DeviceTensor, contiguous_strides
+from engine.orchestration import OrchestrationContext, ScratchArena
+from engine.tensor import DeviceTensor
 
 if TYPE_CHECKING:
-    from engine.runtime import Runtime
-    from engine.slots import Slot
+    from engine.port import TaskPort
 
 __all__ = ["Run", "HostKernel", "host_kernel"]
 
 READ, WRITE, READWRITE = 1, 2, 3
-SCRATCH_ALIGN = 64
 
 
 class HostKernel:
@@ -111,21 +109,19 @@ def _keep(calls: dict[tuple | int, Any], key: tuple | int, entry: Any) -> None:
     calls[key] = entry
 
 
-class Run:
+class Run(OrchestrationContext):
     """One run's orchestration context: submit tasks, carve scratch, call host callbacks.
 
     Tasks start as soon as their inputs are ready, possibly while this
-    function is still submitting.
+    function is still submitting. A Run reaches its runtime only through a
+    TaskPort (engine.port): the engine it submits into, kernels, kept calls.
     """
 
-    def __init__(self, runtime: "Runtime", native: "_native.Run | None", slot: "Slot | None",
-                 dims: dict[str, int], scratch_alloc: Allocation | None) -> None:
-        self._rt = runtime
+    def __init__(self, port: "TaskPort", native: "_native.Run | None", dims: dict[str, int],
+                 arena: ScratchArena) -> None:
+        super().__init__(dims, arena)
+        self._port = port
         self._native = native  # None while planning at prepare()
-        self._slot = slot
-        self._scratch_alloc = scratch_alloc
-        self._scratch_used = 0
-        self.dims: dict[str, int] = dims
 
     @property
     def id(self) -> int:
@@ -134,7 +130,7 @@ class Run:
     @property
     def workers(self) -> int:
         """Pool workers: how many ways to tile work."""
-        return self._rt.workers
+        return self._port.workers
 
     @property
     def planning(self) -> bool:
@@ -143,9 +139,10 @@ class Run:
 
     def submit(self, kernel: Any, *inputs: DeviceTensor, out: DeviceTensor | None = None, **scalars: Any) -> None:
         """Enters one kernel call into the task graph (validated first)."""
-        rt = self._rt
+        port = self._port
+        calls = port.calls
         key = _call_key(kernel, inputs, out, scalars)
-        kept = rt._calls.get(key) if key is not None else None
+        kept = calls.get(key) if key is not None else None
         if kept is None:
             try:
                 bind = kernel.bind
@@ -156,25 +153,26 @@ class Run:
         else:
             call, native_args = kept
         tensors = call.tensors
+        owner = port.owner
         for t in tensors:
-            # The common case inline (a live tensor of this runtime); the checker names what is wrong.
+            # The common case inline (a live tensor of the port's owner); the checker names what is wrong.
             alloc = getattr(t, "_alloc", None)
-            if alloc is None or alloc.owner is not rt or alloc.freed or type(t) is not DeviceTensor:
-                rt._check_tensor(t, f"kernel '{kernel.name}' argument")
+            if alloc is None or alloc.owner is not owner or alloc.freed or type(t) is not DeviceTensor:
+                port.check_tensor(t, f"kernel '{kernel.name}' argument")
         native = self._native
         if native is None:
             if kept is None and key is not None:
-                _keep(rt._calls, key, (call, None))
+                _keep(calls, key, (call, None))
             return
-        engine = rt._engine
+        engine = port.engine
         assert engine is not None  # a run in flight keeps its runtime open
         if native_args is None:
             # The native call, checked and converted once per kept call: its tensors are immutable
             # views, and a freed one is refused by the check above before this is used again.
-            native_args = engine.prepare_call(rt._native_kernel(kernel), [t._native_arg() for t in tensors],
+            native_args = engine.prepare_call(port.native_kernel(kernel), [t._native_arg() for t in tensors],
                                               call.access, call.scalars)
             if key is not None:
-                _keep(rt._calls, key, (call, native_args))
+                _keep(calls, key, (call, native_args))
         engine.submit_prepared(native, native_args)
 
     def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,
@@ -184,10 +182,11 @@ class Run:
         reads / writes say which of `tensors` it reads and writes (by identity);
         with neither given every tensor is read and written.
         """
-        native_kernel = self._rt._callback_kernel(name, len(tensors))
+        port = self._port
+        native_kernel = port.callback_kernel(name, len(tensors))
         access = []
         for i, t in enumerate(tensors):
-            self._rt._check_tensor(t, f"callback '{name}' argument {i}")
+            port.check_tensor(t, f"callback '{name}' argument {i}")
             if reads is None and writes is None:
                 access.append(READWRITE)
             else:
@@ -202,50 +201,6 @@ class Run:
                     raise ValueError(f"callback '{name}': a tensor in {label} is not among its arguments")
         if self._native is None:
             return
-        engine = self._rt._engine
+        engine = port.engine
         assert engine is not None  # a run in flight keeps its runtime open
         engine.submit(self._native, native_kernel, [t._native_arg() for t in tensors], access, [])
-
-    def scratch(self, shape: Sequence[int | str], dtype: Any = "float32") -> DeviceTensor:
-        """A tensor from this run's scratch arena (symbols resolve to this run's dims)."""
-        dt: DType = as_dtype(dtype)
-        dims = []
-        for d in shape:
-            if isinstance(d, str):
-                if d not in self.dims:
-                    raise ValueError(f"scratch: unknown symbol '{d}' (bound symbols: {sorted(self.dims)})")
-                d = self.dims[d]
-            if isinstance(d, bool) or not isinstance(d, int):
-                raise TypeError(f"scratch: dim {d!r} must be an int or a symbol name")
-            if d <= 0:
-                raise ValueError(f"scratch: dim {d} must be positive")
-            dims.append(d)
-        if not dims:
-            raise ValueError("scratch: shape must have at least one dim")
-        nbytes = dt.itemsize
-        for d in dims:
-            nbytes *= d
-        offset = -(-self._scratch_used // SCRATCH_ALIGN) * SCRATCH_ALIGN
-        self._scratch_used = offset + nbytes
-        alloc = self._scratch_alloc
-        if self._native is not None:
-            if alloc is None or self._scratch_used > alloc.size:
-                have = 0 if alloc is None else alloc.size
-                raise ValueError(f"scratch arena exhausted: this run needs at least {self._scratch_used} bytes, the "
-                                 f"slot has {have} (prepare() sizes it from a planning run at the bounds; pass "
-                                 "scratch_bytes= for orchestration that needs more)")
-        assert alloc is not None
-        return DeviceTensor(alloc, offset, tuple(dims), contiguous_strides(dims), dt)
-
-    def split(self, t: DeviceTensor, parts: int | None = None, axis: int = 0) -> list[DeviceTensor]:
-        """Views of `t` cut into `parts` near-equal pieces along `axis` (default: one per worker)."""
-        parts = parts or self.workers
-        n = t.shape[axis]
-        parts = max(1, min(parts, n))
-        out, start = [], 0
-        for i in range(parts):
-            size = n // parts + (1 if i < n % parts else 0)
-            key = tuple([slice(None)] * axis + [slice(start, start + size)])
-            out.append(t[key])
-            start += size
-        return out

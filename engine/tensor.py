@@ -7,17 +7,16 @@ allocation; the allocation records who owns it and whether it is still live.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
 from engine import _native
 from engine.dtypes import DType
 
-if TYPE_CHECKING:
-    from engine.memory import DeviceMemoryHandle
+__all__ = ["Allocation", "DeviceBuffer", "DeviceTensor", "check_owned_tensor", "contiguous_strides"]
 
-__all__ = ["Allocation", "DeviceBuffer", "DeviceTensor", "contiguous_strides"]
+
 
 
 def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
@@ -29,15 +28,21 @@ def contiguous_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 
 class Allocation:
-    """One device allocation and its owner; `freed` flips exactly once."""
+    """One device allocation and its owner; `freed` flips exactly once.
 
-    __slots__ = ("owner", "buf", "freed", "kind", "__weakref__")
+    worker: the device it lives on, for runtimes with several (a chip
+    worker of engine.distributed); 0 on a single device. owner is None for
+    the stand-ins of a planning pass, which no data is behind.
+    """
 
-    def __init__(self, owner: "DeviceMemoryHandle", buf: "_native.Buffer", kind: str) -> None:
+    __slots__ = ("owner", "buf", "freed", "kind", "worker", "__weakref__")
+
+    def __init__(self, owner: object | None, buf: "_native.Buffer", kind: str, worker: int = 0) -> None:
         self.owner = owner
         self.buf = buf
         self.freed = False
-        self.kind = kind  # "resident", "buffer", "slot", "scratch"
+        self.kind = kind  # "resident", "buffer", "slot", "scratch", "shared", "planning"
+        self.worker = worker
 
     @property
     def id(self) -> int:
@@ -50,6 +55,19 @@ class Allocation:
     @property
     def size(self) -> int:
         return self.buf.size
+
+
+def check_owned_tensor(t: Any, owner: object, what: str) -> None:
+    """t is a live DeviceTensor of `owner`'s memory, or a stand-in of a planning pass."""
+    if not isinstance(t, DeviceTensor):
+        raise TypeError(f"{what}: expected a device tensor, not {type(t).__name__}")
+    alloc = t._alloc
+    if alloc.kind == "planning":
+        return
+    if alloc.owner is not owner:
+        raise ValueError(f"{what}: the tensor belongs to another runtime")
+    if alloc.freed:
+        raise ValueError(f"{what}: the tensor was freed")
 
 
 class DeviceBuffer:
@@ -207,7 +225,11 @@ class DeviceTensor:
     # -- host copies ------------------------------------------------------------------
     def to_numpy(self) -> np.ndarray:
         """A host copy (waits for runs still writing these bytes)."""
-        return self._alloc.owner._read_tensor(self)
+        read = getattr(self._alloc.owner, "_read_tensor", None)
+        if read is None:  # a planning stand-in, or a chip worker's own view
+            raise ValueError("this tensor's memory cannot be read from here")
+        result: np.ndarray = read(self)
+        return result
 
     def to_torch(self) -> Any:
         import torch

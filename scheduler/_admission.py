@@ -18,8 +18,7 @@ from engine.errors import ClosedError
 __all__ = ["Admission"]
 
 W = TypeVar("W")
-# What the runtime's lease source hands out: for a local Runtime a begun native
-# run holding a slot, for a DistributedRuntime an engine.slots.SlotLease.
+# What the runtime's lease source hands out (an engine.backend.Lease).
 L = TypeVar("L")
 
 

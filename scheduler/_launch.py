@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from engine.binding import BoundCall
-    from engine.runtime import Launched as LaunchedRun
+    from engine.backend import Launched as LaunchedRun
 
 __all__ = ["Job", "ThreadLauncher", "Launched"]
 

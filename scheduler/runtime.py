@@ -1,4 +1,7 @@
-"""AsyncRuntime: the async face of a prepared Runtime, on anyio (asyncio and trio alike).
+"""AsyncRuntime: the async face of a prepared runtime, on anyio (asyncio and trio alike).
+
+It drives any engine.backend.Backend (engine.Runtime, engine.distributed's
+DistributedRuntime, ...) through that protocol and nothing else.
 
     async with AsyncRuntime(rt) as art:
         fut = await art.dispatch(x, w)   # admitted, staged, orchestrated; the device may still run
@@ -48,7 +51,7 @@ and from a worker thread started by the loop (anyio.to_thread.run_sync),
 anyio.from_thread.run(art.call, x). RunFuture and AsyncRuntime methods belong
 to the loop thread.
 
-One AsyncRuntime drives a Runtime at a time. While it does, submit runs
+One AsyncRuntime drives a runtime at a time. While it does, submit runs
 through it (from threads as above) rather than through Runtime.submit(): slots
 that synchronous runs free are not announced on the notifier, so async
 waiters would only see them at the next async completion.
@@ -69,8 +72,8 @@ try:  # the running backend's own checkpoint, looked up once per AsyncRuntime in
 except ImportError:  # pragma: no cover - a future anyio that moved it: the public function works too
     _get_async_backend = None
 
+from engine.backend import Backend, CompletionSource
 from engine.errors import ClosedError, RunCancelledError
-from engine.runtime import Runtime
 from scheduler._admission import Admission
 from scheduler._futures import RunFuture
 from scheduler._launch import Job, Launched, ThreadLauncher
@@ -104,34 +107,34 @@ _NEW, _OPEN, _CLOSING, _CLOSED = range(4)
 
 # Runtimes driven by an open AsyncRuntime: two pumps on one notifier would
 # steal each other's completions.
-_driven: "weakref.WeakSet[Runtime]" = weakref.WeakSet()
+_driven: "weakref.WeakSet[Backend]" = weakref.WeakSet()
 
 
 class AsyncRuntime:
-    """An async context manager over a prepared Runtime.
+    """An async context manager over a prepared runtime (any engine.backend.Backend).
 
     orchestrate_in_thread: stage and orchestrate in a worker thread instead of
     on the loop thread (see the module docstring).
-    close_runtime: aclose() also closes the Runtime (by default it stays open
+    close_runtime: aclose() also closes the runtime (by default it stays open
     for synchronous use or another AsyncRuntime).
     metrics_window: how many recent runs stats() percentiles cover.
     """
 
-    def __init__(self, runtime: Runtime, *, orchestrate_in_thread: bool = False, close_runtime: bool = False,
+    def __init__(self, runtime: Backend, *, orchestrate_in_thread: bool = False, close_runtime: bool = False,
                  metrics_window: int = 10_000) -> None:
-        if not isinstance(runtime, Runtime):
-            raise TypeError(f"AsyncRuntime wraps an engine.Runtime (from program.prepare()), "
-                            f"not {type(runtime).__name__}")
+        if not isinstance(runtime, Backend):
+            raise TypeError(f"AsyncRuntime wraps a prepared runtime (from program.prepare(); any "
+                            f"engine.backend.Backend), not {type(runtime).__name__}")
         self._rt = runtime
         self._threaded = bool(orchestrate_in_thread)
         self._close_runtime = bool(close_runtime)
         self._metrics = Metrics(metrics_window)
-        self._finish = runtime._finish_async  # (native run, id, payload) -> (result, error)
+        self._finish = runtime.finish  # (run, id, payload) -> (result, error)
         self._on_done_early = self._complete_early  # bound once: every future holds it
         self._state = _NEW
         self._pending: dict[int, RunFuture] = {}  # runs in flight (holding a slot), by native run id
         # Runs admitted here notify their completion (the pump hears of them) and are this object's to finish.
-        self._admission: Admission[Job, Any] = Admission(partial(runtime._try_admit, True), self._on_grant,
+        self._admission: Admission[Job, Any] = Admission(partial(runtime.try_admit, True), self._on_grant,
                                                          self._on_admission_failed)
         self._launcher: ThreadLauncher | None = None
         self._pump: CompletionPump | None = None
@@ -139,9 +142,10 @@ class AsyncRuntime:
         self._idle_event: anyio.Event | None = None
         self._closed_event: anyio.Event | None = None
         self._cancelling = False  # aclose(cancel_pending=True) is under way
-        self._engine: Any = None
+        self._completions: CompletionSource | None = None
         self._loop: Any = None  # the asyncio loop, or None under trio
         self._now: Callable[[], int] = _zero_clock
+        self._drain_completed: Callable[[], list[int]] = list  # the completion source's, once entered
         self._checkpoint: Callable[[], Any] | None = None
 
     # -- lifecycle ---------------------------------------------------------------------------
@@ -149,20 +153,21 @@ class AsyncRuntime:
         if self._state != _NEW:
             raise RuntimeError("an AsyncRuntime is entered once; make a new one over the Runtime")
         rt = self._rt
-        rt._check_open()
+        rt.check_open()
         if rt in _driven:
             raise RuntimeError(f"{rt!r} is already driven by an open AsyncRuntime")
-        # Hold the native engine: its notifier fd must stay open while the pump watches it,
-        # even if someone closes the Runtime underneath.
-        self._engine = rt._engine
-        self._now = self._engine.now_ns
+        # Hold the completion source: its fd must stay open while the pump watches it,
+        # even if someone closes the runtime underneath.
+        completions = self._completions = rt.completions()
+        self._drain_completed = completions.drain_completed
+        self._now = completions.now_ns
         self._loop = running_asyncio_loop()
         self._checkpoint = _dispatch_checkpoint()
         self._closed_event = anyio.Event()
         tg = anyio.create_task_group()
         await tg.__aenter__()
         try:
-            self._pump = CompletionPump(self._engine.notifier_fd, self._on_completions)
+            self._pump = CompletionPump(completions.notifier_fd, self._on_completions)
             await self._pump.start(tg)
             if self._threaded:
                 self._launcher = ThreadLauncher(self._launch_job, self._on_launched)
@@ -228,7 +233,7 @@ class AsyncRuntime:
         if self._launcher is not None:
             for job in self._launcher.withdraw_all():  # leased but never launched: no run exists
                 assert job.lease is not None
-                self._rt._abandon(job.lease)
+                self._rt.abandon(job.lease)
                 job.settle(None, error)
         for fut in list(self._pending.values()):
             fut.cancel()
@@ -287,7 +292,7 @@ class AsyncRuntime:
         """Binds; then launches at once when a slot is free and nobody waits, else queues a Job."""
         if self._state != _OPEN:
             self._check_open()
-        call = self._rt._bind(args, kwargs)
+        call = self._rt.bind(args, kwargs)
         t0 = self._now()
         lease = self._admission.try_acquire()
         if lease is not None and not self._threaded:
@@ -325,7 +330,7 @@ class AsyncRuntime:
     def _launch_here(self, call: Any, lease: Any, t_dispatch: int) -> RunFuture:
         """Stages and orchestrates on the loop thread; registers the run with the pump."""
         try:
-            native, run_id, payload = self._rt._launch_async(call, lease, t_dispatch, self._metrics.log)
+            native, run_id, payload = self._rt.launch(call, lease, t_dispatch, self._metrics.log)
         except BaseException:
             self._admission.refill()  # the failed launch released its slot
             raise
@@ -358,7 +363,7 @@ class AsyncRuntime:
             return  # never admitted: no trace
         if self._launcher is not None and self._launcher.withdraw(job):
             assert job.lease is not None  # admitted but not launched: nothing reached the device
-            self._rt._abandon(job.lease)
+            self._rt.abandon(job.lease)
             job.settle(None, RunCancelledError("the dispatch was cancelled before its launch"))
             self._admission.refill()
             return
@@ -372,7 +377,7 @@ class AsyncRuntime:
         """In the worker thread: stage and orchestrate one job."""
         try:
             assert job.call is not None and job.lease is not None
-            return self._rt._launch_async(job.call, job.lease, job.t_dispatch, self._metrics.log, self._now())
+            return self._rt.launch(job.call, job.lease, job.t_dispatch, self._metrics.log, self._now())
         except BaseException as e:
             return e
 
@@ -408,7 +413,7 @@ class AsyncRuntime:
 
     def _finish_completed(self) -> None:
         """Finishes every run the notifier reported since it was last drained (and resets its fd)."""
-        ids = self._engine.drain_completed()
+        ids = self._drain_completed()
         if ids:
             pending = self._pending
             for rid in ids:
@@ -477,7 +482,8 @@ class AsyncRuntime:
 
     # -- introspection -------------------------------------------------------------------------------
     @property
-    def runtime(self) -> Runtime:
+    def runtime(self) -> Backend:
+        """The runtime this drives (as passed in)."""
         return self._rt
 
     @property

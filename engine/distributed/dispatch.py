@@ -1,7 +1,10 @@
 """The dispatcher: moves sealed runs' submissions through the graph to the workers and back.
 
 It owns the dependency tracker, one outbox per worker and the host-callback
-thread, and it completes runs. Its entry points run on whichever thread
+thread, and it completes runs: a run whose last submission is back is
+taken out of the graph under the lock, then delivered outside it
+(RunRecord.complete: outputs out of the slot's region, the slot released)
+and announced on the notifier. Its entry points run on whichever thread
 calls them: seal() and cancel() on the launching thread, on_message() and
 on_exit() on the transport's receiving thread, and callback completions on
 the callback thread. All state changes happen under one lock; messages
@@ -47,6 +50,8 @@ class Dispatcher:
         self._sent: dict[int, Submission] = {}  # by seq: on a worker, reply pending
         self._rpcs: dict[int, Future[Any]] = {}
         self._runs: dict[int, RunRecord] = {}  # sealed, not yet complete
+        self._completed: list[RunRecord] = []  # complete, not yet delivered (see _deliver)
+        self._undelivered = 0  # complete runs whose delivery has not ended
         self._outboxes: list[deque[Any]] = [deque() for _ in range(workers)]
         self._flush_locks = [threading.Lock() for _ in range(workers)]
         self._host_queue: queue.SimpleQueue[Submission | None] = queue.SimpleQueue()
@@ -72,33 +77,40 @@ class Dispatcher:
             if self._broken is not None or self._closed:
                 run.error = self._broken or ClosedError("the runtime is closed")
                 self._complete_run(run)
-                return
-            self._runs[run.id] = run
-            run.remaining = len(subs)
-            run.waiting = subs
-            for sub in subs:
-                for pred in self._tracker.add(sub):
-                    if pred.state == SENT and pred.worker == sub.worker:
-                        continue  # already queued to the same executor, which orders the two itself
-                    pred.succs.append(sub)
-                    sub.blocking += 1
-                if sub.blocking == 0:
-                    work.append(sub)
-            self._advance(work)
-            if run.remaining == 0:
-                self._complete_run(run)
+            else:
+                self._runs[run.id] = run
+                run.remaining = len(subs)
+                run.waiting = subs
+                for sub in subs:
+                    for pred in self._tracker.add(sub):
+                        if pred.state == SENT and pred.worker == sub.worker:
+                            continue  # already queued to the same executor, which orders the two itself
+                        pred.succs.append(sub)
+                        sub.blocking += 1
+                    if sub.blocking == 0:
+                        work.append(sub)
+                self._advance(work)
+                if run.remaining == 0:
+                    self._complete_run(run)
+        self._deliver()
         self._flush()
 
     def cancel(self, run: RunRecord) -> bool:
         """Skips the run's submissions not yet sent; the run completes once those sent are back."""
         with self._lock:
-            if run.done:
+            if run.done_ns >= 0:  # complete already (perhaps not delivered yet): its outcome stands
                 return False
             if not run.cancelled:
                 run.cancelled = True
                 self._skip_waiting(run)
+        self._deliver()
         self._flush()
         return True
+
+    def wait_idle(self) -> None:
+        """Blocks until every sealed run completed and was delivered."""
+        with self._changed:
+            self._changed.wait_for(lambda: not self._runs and self._undelivered == 0)
 
     def _advance(self, work: deque[Submission]) -> None:
         """Sends (or skips) every submission in `work` and whatever that releases in turn. Lock held."""
@@ -150,7 +162,7 @@ class Dispatcher:
             run.error = error
             self._skip_waiting(run, work)
         run.remaining -= 1
-        if run.remaining == 0 and not run.done:
+        if run.remaining == 0 and run.done_ns < 0:
             self._complete_run(run)
         self._changed.notify_all()
 
@@ -163,16 +175,38 @@ class Dispatcher:
                 self._finish(sub, None, work)
         if own:
             self._advance(work)
-        if run.remaining == 0 and not run.done:
+        if run.remaining == 0 and run.done_ns < 0:
             self._complete_run(run)
 
     def _complete_run(self, run: RunRecord) -> None:
+        """Every submission of the run is back: out of the graph now, delivered by _deliver(). Lock held."""
         run.done_ns = self._now()
         run.waiting = []
         self._runs.pop(run.id, None)
-        run._set_done()
-        if run.notify:
-            self._post(run.id)
+        self._completed.append(run)
+        self._undelivered += 1
+
+    def _deliver(self) -> None:
+        """Completes the runs taken out of the graph since the last call; never with the lock held.
+
+        Delivery copies outputs and releases slots, which must not hold up
+        the threads that feed the graph; the order of runs is kept per call.
+        """
+        with self._lock:
+            runs, self._completed = self._completed, []
+        if not runs:
+            return
+        try:
+            for run in runs:
+                try:
+                    run.complete()
+                finally:
+                    if run.notify:
+                        self._post(run.id)
+        finally:
+            with self._lock:
+                self._undelivered -= len(runs)
+                self._changed.notify_all()
 
     # -- the workers' replies ----------------------------------------------------------------------
     def on_message(self, worker: int, msg: Any) -> None:
@@ -186,6 +220,7 @@ class Dispatcher:
                 sub.start_ns, sub.end_ns = msg.first_start_ns, msg.last_end_ns
                 self._finish(sub, None if msg.error is None else _run_error(sub, msg.error), work)
                 self._advance(work)
+            self._deliver()
             self._flush(block=False)
         elif isinstance(msg, Result):
             with self._lock:
@@ -214,6 +249,7 @@ class Dispatcher:
             self._sent.clear()
             rpcs, self._rpcs = self._rpcs, {}
             self._changed.notify_all()
+        self._deliver()
         for fut in rpcs.values():
             fut.set_exception(error)
 
@@ -240,6 +276,7 @@ class Dispatcher:
                     sub.start_ns, sub.end_ns = start, end
                     self._finish(sub, error, work)
                     self._advance(work)
+            self._deliver()
             self._flush()
 
     # -- memory calls ----------------------------------------------------------------------------------

@@ -1,32 +1,23 @@
-"""Host-side records of memory the orchestration names: worker-resident and shared."""
+"""Host-side records of the shared memory the orchestration names (a slot's region).
+
+Memory resident on a chip worker is a plain engine.tensor.Allocation whose
+`worker` says which; its `buf` mirrors the worker's buffer (the id is the
+worker's).
+"""
 
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from engine import _native
 from engine.tensor import Allocation, DeviceTensor
 
-if TYPE_CHECKING:
-    from engine.memory import DeviceMemoryHandle
-
-__all__ = ["WorkerAllocation", "SharedAllocation", "host_view"]
+__all__ = ["SharedAllocation", "host_view"]
 
 # Host-side ids of shared regions (and planning stand-ins): only identity matters on the host.
 _ids = itertools.count(1)
-
-
-class WorkerAllocation(Allocation):
-    """Device memory of one chip worker. `buf` mirrors the worker's buffer (its id is the worker's)."""
-
-    __slots__ = ("worker",)
-
-    def __init__(self, owner: "DeviceMemoryHandle", buf: "_native.Buffer", kind: str, worker: int) -> None:
-        super().__init__(owner, buf, kind)
-        self.worker = worker
 
 
 class SharedAllocation(Allocation):
@@ -37,8 +28,7 @@ class SharedAllocation(Allocation):
 
     __slots__ = ("region", "base")
 
-    def __init__(self, owner: "DeviceMemoryHandle", size: int, kind: str, region: int,
-                 base: np.ndarray | None) -> None:
+    def __init__(self, owner: object | None, size: int, kind: str, region: int, base: np.ndarray | None) -> None:
         super().__init__(owner, _native.Buffer(0, next(_ids), 0, size), kind)
         self.region = region
         self.base = base

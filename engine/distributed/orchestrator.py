@@ -16,20 +16,18 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from engine.binding import bind_call
 from engine.distributed.graph import HOST, Submission
-from engine.distributed.memory import SharedAllocation, WorkerAllocation
+from engine.distributed.memory import SharedAllocation
 from engine.distributed.program import WRITE
-from engine.dtypes import DType, as_dtype
 from engine.hostarrays import is_host_array
+from engine.orchestration import OrchestrationContext, ScratchArena
 from engine.program import Program
 from engine.specs import Scalar
-from engine.tensor import DeviceTensor, contiguous_strides
+from engine.tensor import DeviceTensor
 
 if TYPE_CHECKING:
     from engine.distributed.runs import RunRecord
 
 __all__ = ["Orchestrator", "Registry", "NO_BOUNDS"]
-
-SCRATCH_ALIGN = 64
 
 
 class _NoBounds(dict):  # type: ignore[type-arg]
@@ -72,28 +70,27 @@ class Registry:
         return self._entries[id(program)][0]
 
 
-class Orchestrator:
+class Orchestrator(OrchestrationContext):
     """One run's orchestration context: submit sub-programs and host callbacks, carve shared scratch.
 
-    workers: how many chip workers there are. dims: this run's symbols.
+    owner: the DistributedRuntime (None while planning), whose memory the
+    run's tensors must be; workers: how many chip workers there are; arena:
+    the slot's shared scratch; dims: this run's symbols.
     """
 
-    def __init__(self, owner: Any, workers: int,
+    def __init__(self, owner: object | None, workers: int,
                  callbacks: Mapping[str, tuple[tuple[int, ...], Callable[..., Any] | None]], registry: Registry,
-                 run: "RunRecord | None", region: SharedAllocation, scratch_offset: int, scratch_size: int | None,
+                 run: "RunRecord | None", region: SharedAllocation, arena: ScratchArena,
                  dims: dict[str, int]) -> None:
-        self._owner = owner  # the DistributedRuntime (None while planning)
+        super().__init__(dims, arena)
+        self._owner = owner
         self._workers = workers
         self._callbacks = callbacks
         self._registry = registry
         self._run = run
         self._region = region  # the slot's shared region (a stand-in while planning)
-        self._scratch_offset = scratch_offset
-        self._scratch_size = scratch_size  # None while planning: the pass measures what it needs
-        self._scratch_used = 0
         self._subs: list[Submission] = []
         self._open = True
-        self.dims: dict[str, int] = dims
 
     @property
     def workers(self) -> int:
@@ -135,13 +132,13 @@ class Orchestrator:
             if is_host_array(v):
                 raise TypeError(f"orch.submit({program.name}): a host array cannot go to a worker directly; pass "
                                 "the run's tensors, orch.scratch() tensors or resident tensors")
-        call = bind_call(_Pinned(self, w), program, args, kwargs, self._registry.bounds(program))
-        descs: list[tuple[Any, ...]] = []
+        call = bind_call(self._pinned_check(w), program, args, kwargs, self._registry.bounds(program))
+        arg_descs: list[tuple[Any, ...]] = []
         accesses = []
         for a in call.args:
             spec = a.param.spec
             if isinstance(spec, Scalar):
-                descs.append(("v", a.value))
+                arg_descs.append(("v", a.value))
                 continue
             t = a.value
             if t is None:
@@ -149,14 +146,14 @@ class Orchestrator:
                                 "orch.scratch() tensor); sub-program outputs are not allocated")
             begin, end = t._byte_range()
             accesses.append((t._alloc, begin, end, spec.writes))
-            descs.append(_describe(t))
+            arg_descs.append(_describe(t))
         key = self._registry.key(program, call.dims)
         if self._run is not None:
-            payload = (key, dict(call.dims), tuple(descs))
+            payload = (key, dict(call.dims), tuple(arg_descs))
             self._subs.append(Submission(self._run, len(self._subs), w, program.name, list(accesses), payload))
             if layout is not None:
-                self._registry.remember(layout, _Bound(program, key, dict(call.dims), tuple(descs), accesses, args,
-                                                       kwargs))
+                self._registry.remember(layout, _Bound(program, key, dict(call.dims), tuple(arg_descs), accesses,
+                                                       args, kwargs))
 
     def submit_sub(self, name: str, *tensors: DeviceTensor) -> None:
         """Runs host callback `name` (bound at prepare) as fn(*arrays) once this run is sealed.
@@ -178,7 +175,7 @@ class Orchestrator:
             if not isinstance(t, DeviceTensor):
                 raise TypeError(f"{what}: expected a tensor of the run, not {type(t).__name__}")
             alloc = t._alloc
-            if isinstance(alloc, WorkerAllocation):
+            if not isinstance(alloc, SharedAllocation) and alloc.owner is self._owner:
                 raise ValueError(f"{what}: the tensor is resident on worker {alloc.worker}; host callbacks take "
                                  "the run's shared tensors")
             self._check_shared(t, what)
@@ -192,42 +189,7 @@ class Orchestrator:
     def scratch(self, shape: Sequence[int | str], dtype: Any = "float32") -> DeviceTensor:
         """A tensor of this run's shared scratch (symbols resolve to this run's dims)."""
         self._check_open()
-        dt: DType = as_dtype(dtype)
-        dims = []
-        for d in shape:
-            if isinstance(d, str):
-                if d not in self.dims:
-                    raise ValueError(f"scratch: unknown symbol '{d}' (bound symbols: {sorted(self.dims)})")
-                d = self.dims[d]
-            if isinstance(d, bool) or not isinstance(d, int):
-                raise TypeError(f"scratch: dim {d!r} must be an int or a symbol name")
-            if d <= 0:
-                raise ValueError(f"scratch: dim {d} must be positive")
-            dims.append(d)
-        if not dims:
-            raise ValueError("scratch: shape must have at least one dim")
-        nbytes = dt.itemsize
-        for d in dims:
-            nbytes *= d
-        offset = -(-self._scratch_used // SCRATCH_ALIGN) * SCRATCH_ALIGN
-        self._scratch_used = offset + nbytes
-        if self._scratch_size is not None and self._scratch_used > self._scratch_size:
-            raise ValueError(f"shared scratch exhausted: this run needs at least {self._scratch_used} bytes, the "
-                             f"slot has {self._scratch_size} (prepare() sizes it from a planning pass at the "
-                             "bounds; pass scratch_bytes= for orchestration that needs more)")
-        return DeviceTensor(self._region, self._scratch_offset + offset, tuple(dims), contiguous_strides(dims), dt)
-
-    def split(self, t: DeviceTensor, parts: int | None = None, axis: int = 0) -> list[DeviceTensor]:
-        """Views of `t` cut into `parts` near-equal pieces along `axis` (default: one per worker)."""
-        parts = parts or self._workers
-        n = t.shape[axis]
-        parts = max(1, min(parts, n))
-        out, start = [], 0
-        for i in range(parts):
-            size = n // parts + (1 if i < n % parts else 0)
-            out.append(t[tuple([slice(None)] * axis + [slice(start, start + size)])])
-            start += size
-        return out
+        return super().scratch(shape, dtype)
 
     # -- for the runtime ---------------------------------------------------------------------------
     def seal(self) -> list[Submission]:
@@ -235,10 +197,6 @@ class Orchestrator:
         self._open = False
         subs, self._subs = self._subs, []
         return subs
-
-    @property
-    def scratch_used(self) -> int:
-        return self._scratch_used
 
     def _check_open(self) -> None:
         if not self._open:
@@ -251,6 +209,27 @@ class Orchestrator:
             raise ValueError(f"orch.submit: worker {worker} does not exist (workers: 0..{self._workers - 1})")
         return worker
 
+    def _pinned_check(self, worker: int) -> Callable[[Any, str], None]:
+        """The check bind_call runs on each tensor argument of a sub-program bound for `worker`."""
+
+        def check(t: Any, what: str) -> None:
+            if not isinstance(t, DeviceTensor):
+                raise TypeError(f"{what}: expected a tensor, not {type(t).__name__}")
+            alloc = t._alloc
+            if isinstance(alloc, SharedAllocation):
+                self._check_shared(t, what)
+                return
+            if alloc.kind != "planning":
+                if alloc.owner is not self._owner:
+                    raise ValueError(f"{what}: the tensor belongs to another runtime")
+                if alloc.freed:
+                    raise ValueError(f"{what}: the tensor was freed")
+            if alloc.worker != worker:
+                raise ValueError(f"{what}: the tensor is resident on worker {alloc.worker}, so it cannot be passed "
+                                 f"to a program on worker {worker}")
+
+        return check
+
     def _check_shared(self, t: DeviceTensor, what: str) -> None:
         alloc = t._alloc
         if not isinstance(alloc, SharedAllocation):
@@ -262,32 +241,6 @@ class Orchestrator:
         if alloc is not self._region:
             raise ValueError(f"{what}: the tensor belongs to another run (tensors of a run live as long as its "
                              "orchestration)")
-
-
-class _Pinned:
-    """The tensor check bind_call runs on each argument of a sub-program bound for one worker."""
-
-    __slots__ = ("orch", "worker")
-
-    def __init__(self, orch: Orchestrator, worker: int) -> None:
-        self.orch = orch
-        self.worker = worker
-
-    def _check_tensor(self, t: Any, what: str) -> None:
-        if not isinstance(t, DeviceTensor):
-            raise TypeError(f"{what}: expected a tensor, not {type(t).__name__}")
-        alloc = t._alloc
-        if isinstance(alloc, WorkerAllocation):
-            if alloc.kind != "planning":
-                if alloc.owner is not self.orch._owner:
-                    raise ValueError(f"{what}: the tensor belongs to another runtime")
-                if alloc.freed:
-                    raise ValueError(f"{what}: the tensor was freed")
-            if alloc.worker != self.worker:
-                raise ValueError(f"{what}: the tensor is resident on worker {alloc.worker}, so it cannot be passed "
-                                 f"to a program on worker {self.worker}")
-            return
-        self.orch._check_shared(t, what)
 
 
 class _Bound:

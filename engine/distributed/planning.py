@@ -14,9 +14,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from engine import _native
-from engine.distributed.memory import SharedAllocation, WorkerAllocation
+from engine.distributed.memory import SharedAllocation
 from engine.distributed.orchestrator import NO_BOUNDS, Orchestrator, Registry
-from engine.distributed.program import DistributedProgram, PerWorker
+from engine.distributed.program import NO_HOST_CALLBACKS, DistributedProgram, PerWorker
+from engine.orchestration import ScratchArena
+from engine.port import TaskPort
 from engine.program import Program
 from engine.run import Run
 from engine.specs import Scalar, TensorSpec
@@ -69,17 +71,16 @@ def plan(prog: DistributedProgram, workers: int, bounds: dict[str, int], threads
             args.append(spec.type())
         elif isinstance(spec, PerWorker):
             shape = _shape(spec.spec, dims)
-            args.append(tuple(DeviceTensor(WorkerAllocation(None, _native.Buffer(0, 0, 0, _NOTHING), "planning", i),  # type: ignore[arg-type]
-                                           0, shape, contiguous_strides(shape), spec.spec.dtype)
+            args.append(tuple(DeviceTensor(_stand_in(i), 0, shape, contiguous_strides(shape), spec.spec.dtype)
                               for i in range(workers)))
         else:
             shape = _shape(spec, dims)
-            args.append(DeviceTensor(SharedAllocation(None, _NOTHING, "planning", -1, None),  # type: ignore[arg-type]
+            args.append(DeviceTensor(SharedAllocation(None, _NOTHING, "planning", -1, None),
                                      0, shape, contiguous_strides(shape), spec.dtype))
     recorder = _Recorder()
-    region = SharedAllocation(None, _NOTHING, "planning", -1, None)  # type: ignore[arg-type]
-    callbacks = {name: (tags, None) for name, tags in prog.callbacks.items()}
-    orch = Orchestrator(None, workers, callbacks, recorder, None, region, 0, None, dims)
+    region = SharedAllocation(None, _NOTHING, "planning", -1, None)
+    callbacks: dict[str, tuple[tuple[int, ...], Any]] = {name: (tags, None) for name, tags in prog.callbacks.items()}
+    orch = Orchestrator(None, workers, callbacks, recorder, None, region, ScratchArena(region, 0, None), dims)
     try:
         prog.invoke(orch, args)
     except (TypeError, ValueError) as e:
@@ -102,36 +103,24 @@ def plan(prog: DistributedProgram, workers: int, bounds: dict[str, int], threads
     return Plan(tuple(programs), tuple(sub_bounds), tuple(scratch), orch.scratch_used)
 
 
-class _PlanningChip:
-    """What engine.Run asks of its runtime during a planning pass on no device."""
-
-    def __init__(self, threads: int) -> None:
-        self.workers = threads
-        self._calls: dict[tuple | int, Any] = {}  # validated calls run.submit keeps (engine.run._call_key)
-
-    def _check_tensor(self, t: Any, what: str) -> None:
-        if not isinstance(t, DeviceTensor):
-            raise TypeError(f"{what}: expected a device tensor, not {type(t).__name__}")
-
-    def _callback_kernel(self, name: str, n_tensors: int) -> Any:
-        raise ValueError(f"run.host('{name}'): sub-programs of a distributed program have no host callbacks")
+def _stand_in(worker: int = 0) -> Allocation:
+    """A planning pass's stand-in for device memory: nothing behind it is ever touched."""
+    return Allocation(None, _native.Buffer(0, 0, 0, _NOTHING), "planning", worker)
 
 
 def _plan_device_scratch(sub: Program, bounds: dict[str, int], threads: int) -> int:
     """The scratch one run of `sub` carves at its bounds (engine.Runtime's planning pass, on a worker's pool)."""
-    chip = _PlanningChip(threads)
+    port = TaskPort(None, None, threads, no_callbacks=NO_HOST_CALLBACKS)
     args: list[Any] = []
     for p in sub.params:
         if isinstance(p.spec, TensorSpec):
             shape = _shape(p.spec, bounds)
-            alloc = Allocation(chip, _native.Buffer(0, 0, 0, _NOTHING), "planning")  # type: ignore[arg-type]
-            args.append(DeviceTensor(alloc, 0, shape, contiguous_strides(shape), p.spec.dtype))
+            args.append(DeviceTensor(_stand_in(), 0, shape, contiguous_strides(shape), p.spec.dtype))
         else:
             args.append(p.spec.type())
-    run = Run(chip, None, None, {s: bounds[s] for s in sub.symbols},  # type: ignore[arg-type]
-              Allocation(chip, _native.Buffer(0, 0, 0, _NOTHING), "planning"))  # type: ignore[arg-type]
+    run = Run(port, None, {s: bounds[s] for s in sub.symbols}, ScratchArena(_stand_in()))
     try:
         sub.invoke(run, args)
     except (TypeError, ValueError) as e:
         raise type(e)(f"sub-program {sub.name}: the planning pass at the bounds {bounds} failed: {e}") from e
-    return run._scratch_used
+    return run.scratch_used

@@ -14,10 +14,9 @@ per chip worker (a list or tuple, the i-th pinned to worker i).
 
 from __future__ import annotations
 
-import inspect
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence
 
-from engine.program import Param, Program
+from engine.program import Param, Program, ProgramBase, check_callback_name
 from engine.specs import In, InOut, Out, Scalar, TensorSpec
 
 if TYPE_CHECKING:
@@ -27,6 +26,10 @@ if TYPE_CHECKING:
 __all__ = ["DistributedProgram", "PerWorker", "program", "READ", "WRITE", "READWRITE"]
 
 READ, WRITE, READWRITE = 1, 2, 3
+
+# Why run.host() fails inside a sub-program: host callbacks belong to the distributed orchestration.
+NO_HOST_CALLBACKS = ("sub-programs of a distributed program have no host callbacks; use orch.submit_sub() in the "
+                     "distributed orchestration")
 _TAGS: dict[Any, int] = {"in": READ, "out": WRITE, "inout": READWRITE, In: READ, Out: WRITE, InOut: READWRITE}
 
 
@@ -45,31 +48,40 @@ class PerWorker:
             raise TypeError(f"PerWorker takes In(...), Out(...) or InOut(...), not {spec!r}")
         self.spec = spec
 
+    @property
+    def symbols(self) -> tuple[str, ...]:
+        return self.spec.symbols
+
     def __repr__(self) -> str:
         return f"PerWorker({self.spec!r})"
 
 
-class DistributedProgram:
+class DistributedProgram(ProgramBase):
     """An orchestration over chip workers with a declared signature; prepare() it once, run it many times."""
+
+    _what = "distributed program"
+    _decorator = "@engine.distributed.program"
+    _receives = "the orchestrator"
+    _spec_types = (TensorSpec, Scalar, PerWorker)
+    _spec_names = "In, Out, InOut, PerWorker or Scalar"
+    _spec_forms = "In(...), Out(...), InOut(...), PerWorker(...) or Scalar(type)"
+    _defaults_note = ""
 
     def __init__(self, fn: Callable[..., Any], callbacks: Mapping[str, Sequence[Any]] | None = None,
                  programs: Iterable[Program] = ()) -> None:
-        self.fn = fn
-        self.name: str = getattr(fn, "__qualname__", repr(fn))
-        self.params: tuple[Param, ...] = _parse_signature(fn, self.name)
+        super().__init__(fn)
         self.callbacks: dict[str, tuple[int, ...]] = _parse_callbacks(self.name, callbacks)
         self.programs: tuple[Program, ...] = tuple(programs)
         for p in self.programs:
             if not isinstance(p, Program):
                 raise TypeError(f"distributed program {self.name}: programs= takes engine programs, not {p!r}")
-        self.symbols: tuple[str, ...] = tuple(dict.fromkeys(
-            s for p in self.params if not isinstance(p.spec, Scalar) for s in tensor_spec(p).symbols))
 
-    def invoke(self, orch: Any, values: Sequence[Any]) -> Any:
-        """Calls the orchestration function with one value per declared parameter."""
-        pos = [v for p, v in zip(self.params, values) if not p.keyword_only]
-        kw = {p.name: v for p, v in zip(self.params, values) if p.keyword_only}
-        return self.fn(orch, *pos, **kw)
+    @property
+    def callback_names(self) -> tuple[str, ...]:
+        return tuple(self.callbacks)
+
+    def callback_arity(self, name: str) -> int | None:
+        return len(self.callbacks[name])
 
     def prepare(self, *, workers: int, depth: int = 2, bounds: Mapping[str, int] | None = None,
                 callbacks: Mapping[str, Callable[..., Any]] | None = None, worker_threads: int | None = None,
@@ -93,10 +105,6 @@ class DistributedProgram:
                                   worker_threads=worker_threads, memory_limit=memory_limit,
                                   scratch_bytes=scratch_bytes, start_method=start_method,
                                   startup_timeout=startup_timeout, transport=transport)
-
-    def __repr__(self) -> str:
-        sig = ", ".join(f"{p.name}: {p.spec!r}" for p in self.params)
-        return f"<DistributedProgram {self.name}({sig})>"
 
 
 def program(fn: Callable[..., Any] | None = None, *, callbacks: Mapping[str, Sequence[Any]] | None = None,
@@ -122,35 +130,6 @@ def tensor_spec(p: Param) -> TensorSpec:
     return spec.spec if isinstance(spec, PerWorker) else spec
 
 
-def _parse_signature(fn: Callable[..., Any], name: str) -> tuple[Param, ...]:
-    if not callable(fn):
-        raise TypeError(f"@engine.distributed.program needs a function, not {type(fn).__name__}")
-    try:
-        hints = inspect.get_annotations(fn, eval_str=True)
-    except Exception as e:
-        raise TypeError(f"distributed program {name}: cannot evaluate annotations: {e}") from e
-    params = list(inspect.signature(fn).parameters.values())
-    if not params:
-        raise TypeError(f"distributed program {name}: the first parameter must receive the orchestrator")
-    out: list[Param] = []
-    for p in params[1:]:
-        if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD):
-            raise TypeError(f"distributed program {name}: parameter '{p.name}': *args and **kwargs are not allowed")
-        if p.default is not p.empty:
-            raise TypeError(f"distributed program {name}: parameter '{p.name}': defaults are not allowed")
-        spec = hints.get(p.name, p.annotation)
-        if spec is p.empty:
-            raise TypeError(f"distributed program {name}: parameter '{p.name}' needs an annotation: In, Out, "
-                            "InOut, PerWorker or Scalar")
-        if spec is Scalar:
-            spec = Scalar()
-        if not isinstance(spec, (TensorSpec, Scalar, PerWorker)):
-            raise TypeError(f"distributed program {name}: parameter '{p.name}' is annotated {spec!r}; expected "
-                            "In(...), Out(...), InOut(...), PerWorker(...) or Scalar(type)")
-        out.append(Param(p.name, spec, p.kind == p.KEYWORD_ONLY))  # type: ignore[arg-type]
-    return tuple(out)
-
-
 def _parse_callbacks(name: str, callbacks: Mapping[str, Sequence[Any]] | None) -> dict[str, tuple[int, ...]]:
     if callbacks is None:
         return {}
@@ -159,8 +138,7 @@ def _parse_callbacks(name: str, callbacks: Mapping[str, Sequence[Any]] | None) -
                         "e.g. {'gather': ('in', 'in', 'out')}")
     out: dict[str, tuple[int, ...]] = {}
     for cname, tags in callbacks.items():
-        if not isinstance(cname, str) or not cname.isidentifier():
-            raise ValueError(f"distributed program {name}: callback name {cname!r} must be an identifier")
+        check_callback_name(f"distributed program {name}", cname)
         if isinstance(tags, str) or not isinstance(tags, Sequence):
             raise TypeError(f"distributed program {name}: callback '{cname}' needs a sequence of access tags "
                             f"('in', 'out', 'inout'), not {tags!r}")

@@ -1,9 +1,11 @@
-"""One distributed run: its record (what the dispatcher completes) and its in-flight state.
+"""One distributed run's record: what the dispatcher completes, and what completing it does.
 
 RunRecord plays the part of the native run object of a single-device
-runtime (done, wait, cancel, times), and DistInFlight the part of
-engine.runtime.InFlight (finish, outcome, error), so that engine.RunHandle
-and scheduler.AsyncRuntime drive a distributed run unchanged.
+runtime (id, done, wait, cancel, times, outcome), so that engine.RunHandle,
+engine.base_runtime.finish_run and scheduler.AsyncRuntime drive a
+distributed run unchanged. Like a native run, it completes in one step
+before anyone can see it done: its outputs go from the slot's shared region
+into the caller's arrays, its slot is released, its timings are logged.
 """
 
 from __future__ import annotations
@@ -13,24 +15,25 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from engine.errors import RunCancelledError
-
 if TYPE_CHECKING:
-    from engine.binding import BoundArg, BoundCall
+    from engine import _native
     from engine.distributed.dispatch import Dispatcher
-    from engine.distributed.runtime import DistributedRuntime
     from engine.slots import SlotLease
 
-__all__ = ["RunRecord", "DistInFlight"]
+__all__ = ["RunRecord"]
+
+_COMPLETED, _FAILED, _CANCELLED = 0, 1, 2  # engine._native.RunLog's kinds
 
 
 class RunRecord:
     """The completion state of one run. The dispatcher writes it under its lock; done flips once."""
 
     __slots__ = ("id", "notify", "_dispatcher", "_event", "cancelled", "error", "remaining", "waiting",
-                 "created_ns", "sealed_ns", "first_start_ns", "last_end_ns", "done_ns", "busy_ns")
+                 "created_ns", "sealed_ns", "first_start_ns", "last_end_ns", "done_ns", "busy_ns",
+                 "_slots", "lease", "copy_outs", "log")
 
-    def __init__(self, run_id: int, notify: bool, dispatcher: "Dispatcher", now_ns: int) -> None:
+    def __init__(self, run_id: int, notify: bool, dispatcher: "Dispatcher", now_ns: int,
+                 slots: "_native.SlotTable", lease: "SlotLease") -> None:
         self.id = run_id
         self.notify = notify  # announce the completion on the runtime's notifier (async runs)
         self._dispatcher = dispatcher
@@ -45,6 +48,10 @@ class RunRecord:
         self.last_end_ns = -1
         self.done_ns = -1
         self.busy_ns = 0
+        self._slots = slots
+        self.lease = lease  # the slot it holds from admission until it completes
+        self.copy_outs: list[tuple[np.ndarray, np.ndarray]] = []  # (caller's contiguous array, its region)
+        self.log: tuple[Any, int, int] | None = None  # (RunLog, dispatch_ns, launch_ns) for an AsyncRuntime
 
     @property
     def done(self) -> bool:
@@ -57,90 +64,40 @@ class RunRecord:
         """Skips the submissions not yet sent; False when the run already completed."""
         return self._dispatcher.cancel(self)
 
+    def outcome(self) -> tuple[BaseException | None, bool]:
+        """(the run's error or None, cancelled) of a completed run."""
+        return self.error, self.cancelled
+
     def times(self) -> dict[str, int]:
         """Host-clock timestamps (ns) like a single-device run's: first_start / last_end span the workers."""
         return {"created_ns": self.created_ns, "sealed_ns": self.sealed_ns, "first_start_ns": self.first_start_ns,
                 "last_end_ns": self.last_end_ns, "done_ns": self.done_ns, "busy_ns": self.busy_ns}
 
-    def _set_done(self) -> None:
-        self._event.set()
+    def complete(self) -> None:
+        """Every submission is back (or skipped): outputs out, slot free, timings logged; then done.
+
+        The dispatcher calls it once, outside its lock. The caller then
+        announces the run on the notifier if it notifies.
+        """
+        try:
+            if self.error is None and not self.cancelled:
+                try:
+                    for target, region in self.copy_outs:
+                        np.copyto(target, region)
+                except Exception as e:  # the run's outputs could not be delivered: its error
+                    self.error = e
+        finally:
+            self.copy_outs = []
+            try:
+                self._slots.release(*self.lease)
+                if self.log is not None:
+                    log, dispatch_ns, launch_ns = self.log
+                    kind = _CANCELLED if self.cancelled else _FAILED if self.error is not None else _COMPLETED
+                    log.record(dispatch_ns, self.created_ns, launch_ns or self.created_ns, self.sealed_ns,
+                               self.first_start_ns, self.last_end_ns, self.done_ns, kind)
+                    self.log = None
+            finally:
+                self._event.set()
 
     def __repr__(self) -> str:
         return f"<RunRecord {self.id} {'done' if self.done else 'pending'}>"
-
-
-class DistInFlight:
-    """A launched run: its record, its slot lease, the arguments it keeps alive, its outputs."""
-
-    __slots__ = ("rt", "native", "lease", "call", "outputs", "copy_outs", "_lock", "_finished", "_result",
-                 "_error", "_log")
-
-    def __init__(self, rt: "DistributedRuntime", native: RunRecord, lease: "SlotLease", call: "BoundCall",
-                 outputs: list[Any], copy_outs: list[tuple["BoundArg", np.ndarray]]) -> None:
-        self.rt = rt
-        self.native = native
-        self.lease = lease
-        self.call: BoundCall | None = call
-        self.outputs = outputs
-        self.copy_outs = copy_outs  # (argument, its buffer in the slot's region) for every host Out / InOut
-        self._lock = threading.Lock()
-        self._finished = False
-        self._result: Any = None
-        self._error: BaseException | None = None
-        self._log: tuple[Any, int, int] | None = None  # (RunLog, dispatch_ns, launch_ns)
-
-    def log_to(self, log: Any, dispatch_ns: int, launch_ns: int) -> None:
-        """Records the run's timings in `log` (an engine._native.RunLog) when it is finished."""
-        log.launched()
-        self._log = (log, dispatch_ns, launch_ns)
-
-    @property
-    def id(self) -> int:
-        return self.native.id
-
-    @property
-    def finished(self) -> bool:
-        return self._finished
-
-    def finish(self) -> None:
-        """After the run completed: outcome, copies back to the caller's arrays, slot release. Exactly once."""
-        with self._lock:
-            if self._finished:
-                return
-            run = self.native
-            assert run.done
-            try:
-                if run.error is not None:
-                    self._error = run.error
-                elif run.cancelled:
-                    self._error = RunCancelledError(f"run {run.id} was cancelled")
-                else:
-                    for a, region in self.copy_outs:
-                        target = a.writeback if a.writeback is not None else a.host
-                        assert target is not None
-                        np.copyto(target, region)
-                    outs = tuple(self.outputs)
-                    self._result = None if not outs else outs[0] if len(outs) == 1 else outs
-            finally:
-                self._finished = True
-                self.call = None
-                self.copy_outs = []
-                self.rt._release(self)
-                if self._log is not None:
-                    log, dispatch_ns, launch_ns = self._log
-                    kind = 2 if run.cancelled else 1 if run.error is not None else 0
-                    log.record(dispatch_ns, run.created_ns, launch_ns or run.created_ns, run.sealed_ns,
-                               run.first_start_ns, run.last_end_ns, run.done_ns, kind)
-
-    def outcome(self) -> Any:
-        assert self._finished
-        if self._error is not None:
-            raise self._error
-        return self._result
-
-    def error(self) -> BaseException | None:
-        return self._error
-
-    def result_and_error(self) -> tuple[Any, BaseException | None]:
-        assert self._finished
-        return (self._result if self._error is None else None), self._error

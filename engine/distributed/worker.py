@@ -26,12 +26,15 @@ from typing import Any
 import numpy as np
 
 from engine import _native
+from engine.distributed.program import NO_HOST_CALLBACKS
 from engine.distributed.protocol import (Call, Done, MemoryOp, ProgramSpec, Ready, RegionSpec, Result, Setup,
                                          SetupFailed, Stop, decode, encode, portable_error)
 from engine.dtypes import as_dtype
 from engine.errors import KernelError, RunCancelledError
+from engine.orchestration import ScratchArena
+from engine.port import TaskPort
 from engine.program import Program
-from engine.run import HostKernel, Run
+from engine.run import Run
 from engine.tensor import Allocation, DeviceTensor
 
 __all__ = ["main", "ChipHost", "resolve_program"]
@@ -103,14 +106,13 @@ class _Prepared:
 
 
 class ChipHost:
-    """A worker's device, pool and registered programs. Plays the runtime's part for engine.Run."""
+    """A worker's device, pool and registered programs; its runs submit through a TaskPort of its engine."""
 
     def __init__(self, setup: Setup) -> None:
         self._device = _native.Device(setup.memory_limit)
         self._engine: Any = _native.Engine(self._device, setup.threads)
         self.clock_offset_ns = time.monotonic_ns() - self._engine.now_ns()
-        self._kernels: dict[int, tuple[Any, Any]] = {}
-        self._calls: dict[tuple | int, Any] = {}  # validated calls run.submit keeps (engine.run._call_key)
+        self._port = TaskPort(self, self._engine, self._engine.workers, no_callbacks=NO_HOST_CALLBACKS)
         self._allocs: dict[int, Allocation] = {}  # resident tensors and buffers, by device id
         self._regions: dict[int, tuple[SharedMemory, Allocation]] = {}
         self._programs = [_Prepared(resolve_program(p.module, p.qualname), dict(p.bounds), p.scratch_bytes)
@@ -136,29 +138,6 @@ class ChipHost:
         buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + spec.index, addr, spec.size)
         self._regions[spec.index] = (shm, Allocation(self, buf, "shared"))
 
-    # -- what engine.Run asks of its runtime --------------------------------------------------------
-    def _check_tensor(self, t: Any, what: str) -> None:
-        if not isinstance(t, DeviceTensor):
-            raise TypeError(f"{what}: expected a device tensor, not {type(t).__name__}")
-        if t._alloc.owner is not self:
-            raise ValueError(f"{what}: the tensor belongs to another runtime")
-        if t._alloc.freed:
-            raise ValueError(f"{what}: the tensor was freed")
-
-    def _native_kernel(self, kernel: Any) -> Any:
-        entry = self._kernels.get(id(kernel))
-        if entry is None:
-            if isinstance(kernel, HostKernel):
-                nk = self._engine.register_host_kernel(f"host:{kernel.name}:{id(kernel):x}", kernel.fn)
-            else:
-                nk = self._engine.kernel(kernel.name)
-            entry = self._kernels[id(kernel)] = (nk, kernel)  # keeps the kernel alive: its id is the key
-        return entry[0]
-
-    def _callback_kernel(self, name: str, n_tensors: int) -> Any:
-        raise ValueError(f"run.host('{name}'): sub-programs of a distributed program have no host callbacks; "
-                         "use orch.submit_sub() in the distributed orchestration")
-
     # -- requests ---------------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:
         if isinstance(msg, Call):
@@ -180,7 +159,8 @@ class ChipHost:
         scratch = prep.free_scratch.pop() if prep.free_scratch else self._new_scratch(prep)
         native = self._engine.begin_run(True)
         try:
-            prep.program.invoke(Run(self, native, None, dict(msg.dims), scratch), values)
+            arena = ScratchArena(scratch, 0, scratch.size if scratch is not None else 0)
+            prep.program.invoke(Run(self._port, native, dict(msg.dims), arena), values)
         except BaseException as e:
             native.cancel()
             self._engine.seal(native)
@@ -270,7 +250,7 @@ class ChipHost:
         """Cancels what is still running, joins the pool, unmaps the regions."""
         self._engine.close(True)
         self._pending.clear()
-        self._calls.clear()
+        self._port.close()
         for shm, alloc in self._regions.values():
             alloc.freed = True
             shm.close()

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from engine import _native
 from engine.distributed.dispatch import Dispatcher
 from engine.distributed.graph import HOST, Submission
 from engine.distributed.protocol import Call, Done, Ready
@@ -50,12 +51,20 @@ class _Alloc:
     pass
 
 
+def _record(d: Dispatcher) -> RunRecord:
+    """A run's record holding a slot of a table of its own, as the runtime's admission makes it."""
+    table = _native.SlotTable(1)
+    lease = table.try_lease()
+    assert lease is not None
+    return RunRecord(1, False, d, 0, table, lease)
+
+
 def test_work_released_by_a_reply_goes_out_through_the_sender_thread_in_order():
     transport = _Refusing()
     d = Dispatcher(transport, 2, lambda run_id: None, time.monotonic_ns)
     try:
         a = _Alloc()
-        run = RunRecord(1, False, d, 0)
+        run = _record(d)
         first = Submission(run, 0, 1, "first", [(a, 0, 64, True)], (0, {}, ()))
         readers = [Submission(run, i, 0, f"r{i}", [(a, 0, 64, False)], (i, {}, ())) for i in range(1, 6)]
         d.seal(run, [first, *readers])
@@ -79,7 +88,7 @@ def test_host_submissions_are_never_sent_to_a_worker():
     d = Dispatcher(transport, 2, lambda run_id: None, time.monotonic_ns)
     try:
         calls: list[int] = []
-        run = RunRecord(1, False, d, 0)
+        run = _record(d)
         sub = Submission(run, 0, HOST, "callback:cb", [], (lambda: calls.append(1), ()))
         d.seal(run, [sub])
         assert run.wait(10) and run.error is None and calls == [1]

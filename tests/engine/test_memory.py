@@ -36,14 +36,20 @@ def test_runtime_is_a_device_memory_handle(rt):
     assert issubclass(engine.Runtime, engine.DeviceMemoryHandle)
 
 
-def test_device_memory_handle_is_abstract():
+def test_device_memory_handle_is_one_implementation_over_device_hooks():
+    """The surface is implemented once (validation, ownership, init staging); a runtime supplies the device."""
     with pytest.raises(TypeError):
         engine.DeviceMemoryHandle()
-    required = {"malloc", "free", "copy_to", "copy_from", "alloc_tensor", "free_tensor", "memory_stats"}
-    assert required <= engine.DeviceMemoryHandle.__abstractmethods__
+    surface = {"malloc", "free", "copy_to", "copy_from", "alloc_tensor", "free_tensor", "memory_stats"}
+    hooks = {"_check_ready", "_device_alloc", "_device_free", "_device_write", "_device_read", "_quiesce",
+             "_device_stats"}
+    assert engine.DeviceMemoryHandle.__abstractmethods__ == hooks
+    assert not surface & engine.DeviceMemoryHandle.__abstractmethods__
+    for name in surface:  # neither level re-implements the surface
+        assert getattr(engine.Runtime, name) is getattr(engine.DeviceMemoryHandle, name)
 
     class Partial(engine.DeviceMemoryHandle):
-        def malloc(self, nbytes):
+        def _device_alloc(self, nbytes, kind, worker, init):
             return None
 
     with pytest.raises(TypeError):

@@ -439,7 +439,7 @@ def test_a_runtime_dropped_without_close_is_collected_with_its_kept_calls():
     def make() -> "weakref.ref[engine.Runtime]":
         rt = scaled_copy.prepare(depth=1, workers=1)
         rt(np.ones(4, np.float32), k=2.0)
-        assert rt._calls  # it did keep the call, whose tensors hold allocations that hold rt
+        assert rt._port.calls  # it did keep the call, whose tensors hold allocations that hold rt
         return weakref.ref(rt)
 
     threads = threading.active_count()

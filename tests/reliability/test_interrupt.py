@@ -152,7 +152,7 @@ def test_keyboard_interrupt_while_close_drains_then_close_again(held_rt, how):
     rt, gate = held_rt
     h = rt.submit(X, hold=1)
     assert gate.entered.wait(PATIENCE_S)
-    with Interrupter(gate, how, ("close",)) as intr:
+    with Interrupter(gate, how, ("close", "_drain_device")) as intr:  # the frame close() waits in
         with pytest.raises(KeyboardInterrupt):
             rt.close()
         assert intr.sent.is_set() and not gate.opened_by_watchdog
