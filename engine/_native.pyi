@@ -259,8 +259,6 @@ class Engine:
     def set_tracing(self, on: bool, /) -> None: ...
     def drain_trace(self) -> list[tuple[int, int, int, int, int, str, bool]]:
         """(run_id, task_index, worker, start_ns, end_ns, kernel name, ok) of each task traced since the last drain."""
-    def bench_noop_graph(self, shape: str, n: SupportsIndex) -> tuple[int, float, float]:
-        """(tasks, submit_seconds, total_seconds) of a graph of n noop tasks, shape "wide" or "chain"."""
     def stats(self) -> dict[str, int]:
         """tasks_submitted, tasks_executed, tasks_skipped, runs_started, runs_completed, runs_live,
         tracker_records, tracker_allocations, queued, workers."""

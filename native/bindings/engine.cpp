@@ -10,7 +10,6 @@
 
 #include "bindings.hpp"
 #include "interruptible.hpp"
-#include "tandem/bench.hpp"
 #include "tandem/engine.hpp"
 #include "tandem/errors.hpp"
 
@@ -315,17 +314,6 @@ void bind_engine(py::module_& m) {
              }
              return out;
            })
-      .def(
-          "bench_noop_graph",
-          [](Engine& e, const std::string& shape, uint64_t n) {
-            GraphBenchResult r;
-            {
-              py::gil_scoped_release nogil;
-              r = bench_noop_graph(e, shape, n);
-            }
-            return py::make_tuple(r.tasks, r.submit_seconds, r.total_seconds);
-          },
-          py::arg("shape"), py::arg("n"))
       .def("stats", [](const Engine& e) {
         EngineStats s = e.stats();
         py::dict d;
