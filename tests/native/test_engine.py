@@ -17,18 +17,6 @@ from .graph_helpers import READ, READWRITE, WRITE, RandomGraph, arg, read_vec, u
 
 
 @pytest.fixture
-def device():
-    return _native.Device(0)
-
-
-@pytest.fixture
-def eng(device):
-    e = _native.Engine(device, 2)
-    yield e
-    e.close(True)
-
-
-@pytest.fixture
 def kernels(eng):
     lib = user_kernel_library()
     return {
