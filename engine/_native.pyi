@@ -150,6 +150,19 @@ class TensorArg:
     def byte_range(self) -> tuple[int, int]:
         """(begin, end)."""
 
+class TaskObserver:
+    """Told about every task an engine executes while attached (Engine.add_observer); native only, no constructor."""
+
+class TraceRecorder(TaskObserver):
+    """A task observer that records each executed task until drained."""
+
+    def __init__(self) -> None: ...
+    def drain(self) -> list[tuple[int, int, int, int, int, str, bool]]:
+        """(run_id, task_index, worker, start_ns, end_ns, kernel name, ok) of each task recorded since the last drain."""
+    @property
+    def dropped(self) -> int:
+        """Events lost because memory ran out."""
+
 class RunLog:
     """Timing records of launched runs, written by each run as it completes."""
 
@@ -256,9 +269,10 @@ class Engine:
     def drain_completed(self) -> list[int]:
         """Ids of the notifying runs completed since the last drain."""
     def wait_completed(self, timeout: _Float | None = None) -> bool: ...
-    def set_tracing(self, on: bool, /) -> None: ...
-    def drain_trace(self) -> list[tuple[int, int, int, int, int, str, bool]]:
-        """(run_id, task_index, worker, start_ns, end_ns, kernel name, ok) of each task traced since the last drain."""
+    def add_observer(self, observer: TaskObserver) -> bool:
+        """Attaches a task observer: told about every task executed from now on. False when attached already."""
+    def remove_observer(self, observer: TaskObserver) -> bool:
+        """Detaches a task observer: no task completing after this returns reaches it. False when not attached."""
     def stats(self) -> dict[str, int]:
         """tasks_submitted, tasks_executed, tasks_skipped, runs_started, runs_completed, runs_live,
         tracker_records, tracker_allocations, queued, workers."""

@@ -186,6 +186,7 @@ class Runtime(DeviceMemoryHandle):
         self._calls: dict[tuple | int, Any] = {}  # validated kernel calls, reused by run.submit (engine.run._call_key)
         self._callbacks: dict[str, Any] = {}
         self._host_spans: list[tuple[int, int, str, int, int]] | None = None  # when tracing
+        self._trace: _native.TraceRecorder | None = None  # task events: attached while tracing, kept until drained
         self._device: _native.Device | None = None
         self._engine: _native.Engine | None = None
         try:
@@ -401,10 +402,15 @@ class Runtime(DeviceMemoryHandle):
         """Starts (or stops) recording host spans and task timings for export_trace()."""
         self._check_open()
         assert self._engine is not None
-        self._engine.set_tracing(bool(on))
-        if on and self._host_spans is None:
-            self._host_spans = []
-        elif not on:
+        if on:
+            if self._trace is None:
+                self._trace = _native.TraceRecorder()
+            self._engine.add_observer(self._trace)  # False when attached already
+            if self._host_spans is None:
+                self._host_spans = []
+        else:
+            if self._trace is not None:
+                self._engine.remove_observer(self._trace)  # what it recorded stays for drain_trace()
             self._host_spans = None
 
     def drain_trace(self) -> tuple[list[tuple[int, int, str, int, int]], list[tuple]]:
@@ -419,7 +425,7 @@ class Runtime(DeviceMemoryHandle):
         spans = self._host_spans or []
         if self._host_spans is not None:
             self._host_spans = []
-        return spans, self._engine.drain_trace()
+        return spans, self._trace.drain() if self._trace is not None else []
 
     def export_trace(self, path: Any) -> None:
         """Writes the recorded trace as Chrome trace JSON (opens in Perfetto)."""
@@ -596,6 +602,9 @@ class Runtime(DeviceMemoryHandle):
     def _teardown(self) -> None:
         if self._engine is not None:
             self._engine.close(True)
+            if self._trace is not None:
+                self._engine.remove_observer(self._trace)
+                self._trace = None
         if self._device is not None:
             for alloc in list(self._owned.values()):
                 alloc.freed = True
