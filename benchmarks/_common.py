@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import platform
@@ -46,6 +47,14 @@ def git_commit() -> str:
         return "unknown"
 
 
+def package_version() -> str:
+    """The installed tandem-engine's version: what an installed copy of these scripts measures (no git there)."""
+    try:
+        return importlib.metadata.version("tandem-engine")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def environment() -> dict[str, Any]:
     import numpy
 
@@ -54,6 +63,7 @@ def environment() -> dict[str, Any]:
         "cores": os.cpu_count(),
         "python": platform.python_version(),
         "numpy": numpy.__version__,
+        "tandem": package_version(),
         "commit": git_commit(),
         "date": time.strftime("%Y-%m-%d %H:%M:%S"),
     }

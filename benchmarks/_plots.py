@@ -24,7 +24,7 @@ PEER_COLORS = {"sequential": "#7f7f7f", "thread_pool": "#ff7f0e", "to_thread": "
 def unavailable() -> str | None:
     """Why no plots can be drawn here, or None."""
     if importlib.util.find_spec("matplotlib") is None:
-        return "matplotlib is not installed (pip install -e '.[bench]'): no plots"
+        return "matplotlib is not installed (pip install 'tandem-engine[bench]'): no plots"
     return None
 
 

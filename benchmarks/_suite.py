@@ -238,6 +238,7 @@ def run_script(name: str, quick: bool, out_dir: Path, extra: list[str], desc: st
 def run(names: list[str], *, quick: bool, out_dir: Path, plots: bool = True, ray: bool = True,
         trace: bool = False) -> int:
     """Runs the benchmarks in turn; returns 0 when none failed (a skipped one is not a failure)."""
+    out_dir = out_dir.resolve()  # the scripts run in ROOT, not in the caller's directory
     out_dir.mkdir(parents=True, exist_ok=True)
     no_plots = None if plots else "disabled (--no-plots)"
     no_plots = no_plots or _plots.unavailable()
@@ -273,11 +274,11 @@ def run(names: list[str], *, quick: bool, out_dir: Path, plots: bool = True, ray
         made = f"; plots: {', '.join(Path(p).name for p in entry['plots'])}" if entry["plots"] else ""
         print(f"{desc}: done in {seconds:.1f} s -> {path}{made}\n")
     if trace:
-        from engine import trace_cli
+        from tandem import trace_command
 
         print("trace: tandem trace overlap")
         png = None if no_plots else str(out_dir / "trace_overlap.png")
-        trace_cli.main("overlap", out=str(out_dir / "trace_overlap.json"), png=png, runs=16, warmup=2, depth=None,
+        trace_command.main("overlap", out=str(out_dir / "trace_overlap.json"), png=png, runs=16, warmup=2, depth=None,
                        workers=None, plot=png is not None)
         summary["trace"] = {"json": str(out_dir / "trace_overlap.json"), "png": png}
     summary["seconds"] = round(time.perf_counter() - t_all, 2)

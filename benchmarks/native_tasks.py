@@ -31,10 +31,12 @@ from _common import print_table, repeat, write_json  # noqa: E402
 from _progress import Progress  # noqa: E402
 
 from engine import _native  # noqa: E402
+from tandem.native_bench import noop_graph  # noqa: E402
 
 
-def native_graph(eng: "_native.Engine", shape: str, n: int) -> tuple[float, float]:
-    tasks, submit_s, total_s = eng.bench_noop_graph(shape, n)
+def native_graph(workers: int, shape: str, n: int) -> tuple[float, float]:
+    """(submit, total) ns per task of n noop tasks submitted from C++ on a fresh engine of `workers` threads."""
+    tasks, submit_s, total_s = noop_graph(workers, shape, n)
     return submit_s / tasks * 1e9, total_s / tasks * 1e9
 
 
@@ -129,8 +131,8 @@ def main(argv: list[str] | None = None) -> dict:
         eng = _native.Engine(device, workers)
         try:
             for shape in ("wide", "chain"):
-                submit = repeat(lambda: native_graph(eng, shape, n)[0], reps)
-                total = repeat(lambda: native_graph(eng, shape, n)[1], reps)
+                submit = repeat(lambda: native_graph(workers, shape, n)[0], reps)
+                total = repeat(lambda: native_graph(workers, shape, n)[1], reps)
                 py = repeat(lambda: python_graph(eng, device, shape, n // 4), max(3, reps // 2))
                 entry = {
                     "workers": workers,

@@ -38,24 +38,10 @@ from _common import print_table, repeat, write_json  # noqa: E402
 from _progress import Progress  # noqa: E402
 
 import engine  # noqa: E402
-from engine import In, Scalar  # noqa: E402
-from engine import kernels as K  # noqa: E402
+from tandem.programs import python_work, spin  # noqa: E402  (the same work `tandem trace overlap` shows)
 
 DEPTHS = (1, 2, 3)
 CDF_DEPTH = 2  # the depth whose run latencies are kept whole, for the latency CDF
-
-
-def python_work(seconds: float) -> None:
-    """Busy Python work for `seconds` (the GIL stays held, like real orchestration)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-@engine.program
-def spin_program(run: engine.Run, x: In((16,)), host_s: Scalar(float), device_ns: Scalar(int)):
-    python_work(host_s)
-    run.submit(K.spin, ns=device_ns)
 
 
 def tandem_sample(rt: engine.Runtime, runs: int, host_s: float, device_ns: int) -> peers.Sample:
@@ -123,7 +109,7 @@ def main(argv: list[str] | None = None) -> dict:
     load_before = os.getloadavg()
     with Progress(steps, "overlap") as progress:
         for depth in DEPTHS:
-            with spin_program.prepare(depth=depth, workers=args.workers) as rt:
+            with spin.prepare(depth=depth, workers=args.workers) as rt:
                 fns: dict[str, Callable[[], peers.Sample]] = {
                     "tandem": lambda: tandem_sample(rt, runs, host_s, device_ns)}  # noqa: B023
                 if not args.no_peers:

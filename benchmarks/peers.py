@@ -135,7 +135,7 @@ def to_thread(work: Work, runs: int, depth: int, workers: int) -> Sample:
 def ray_unavailable(workers: int) -> str | None:
     """Why the Ray peer cannot run here, or None."""
     if importlib.util.find_spec("ray") is None:
-        return "ray is not installed (pip install -e '.[ray]')"
+        return "ray is not installed (pip install 'tandem-engine[ray]')"
     if workers != 1:
         return "the Ray peer models one device worker (one actor); measured with --workers 1 only"
     return None

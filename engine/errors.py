@@ -25,7 +25,7 @@ class KernelError(RuntimeError):
         self.message = message
         super().__init__(f"run {run_id}: task {task_index} (kernel '{kernel}') failed: {message}")
 
-    def __reduce__(self):  # keep it picklable across processes
+    def __reduce__(self) -> tuple[type[KernelError], tuple[int, int, str, str]]:  # picklable across processes
         return (type(self), (self.run_id, self.task_index, self.kernel, self.message))
 
 

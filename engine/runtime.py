@@ -56,6 +56,7 @@ class Runtime(BaseRuntime):
                        non_negative={"spin_us": spin_us, "scratch_bytes": scratch_bytes})
         self._device: _native.Device | None = None
         self._engine: _native.Engine | None = None
+        self._trace: _native.TraceRecorder | None = None  # task events: attached while tracing, kept until drained
         self._slots: list[Slot] = []
         try:
             self._device = _native.Device(memory_limit or 0)
@@ -213,6 +214,9 @@ class Runtime(BaseRuntime):
     def _teardown(self) -> None:
         if self._engine is not None:
             self._engine.close(True)
+            if self._trace is not None:
+                self._engine.remove_observer(self._trace)
+                self._trace = None
         if self._device is not None:
             with self._memory_lock:
                 owned = list(self._owned.values())
@@ -228,12 +232,17 @@ class Runtime(BaseRuntime):
 
     # -- tracing -----------------------------------------------------------------------------------------
     def _trace_tasks(self, on: bool) -> None:
+        """Attaches one TraceRecorder (an engine observer) while tracing; what it recorded stays for draining."""
         assert self._engine is not None
-        self._engine.set_tracing(on)
+        if on:
+            if self._trace is None:
+                self._trace = _native.TraceRecorder()
+            self._engine.add_observer(self._trace)  # False when attached already
+        elif self._trace is not None:
+            self._engine.remove_observer(self._trace)
 
     def _drain_task_events(self) -> list[TaskEvent]:
-        assert self._engine is not None
-        return self._engine.drain_trace()
+        return self._trace.drain() if self._trace is not None else []
 
     # -- device memory -----------------------------------------------------------------------------------
     def _device_alloc(self, nbytes: int, kind: str, worker: int, init: np.ndarray | None) -> Allocation:

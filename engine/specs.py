@@ -83,7 +83,7 @@ class Scalar:
         )
         if not ok:
             raise TypeError(f"parameter '{name}': expected a {self.type.__name__}, got {type(value).__name__}")
-        if self.type is float:
+        if self.type is float and isinstance(value, (int, float)):  # always so once ok; says so to the checker
             try:
                 return float(value)
             except OverflowError:  # an int beyond the float range: a bad value

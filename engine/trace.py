@@ -78,14 +78,17 @@ def _admission_lanes(waits: list[HostSpan]) -> list[int]:
 def chrome_trace(spans: Iterable[HostSpan], events: Iterable[TaskEvent], *, workers: int,
                  depth: int) -> dict[str, Any]:
     """Builds the trace as a dict in the Chrome trace event format."""
-    spans = [tuple(s) for s in spans]
-    events = [tuple(e) for e in events]
+    # Rows as plain Python values (any sequence of the right length will do, numpy ints included),
+    # in lists: events are read more than once.
+    host_spans: list[HostSpan] = [(int(r), int(slot), str(name), int(t0), int(t1)) for r, slot, name, t0, t1 in spans]
+    task_events: list[TaskEvent] = [(int(r), int(task), int(worker), int(t0), int(t1), str(name), bool(ok))
+                                    for r, task, worker, t0, t1, name, ok in events]
     trace: list[dict[str, Any]] = []
     trace += _meta("process_name", HOST_PID, None, "host", 0)
     trace += _meta("process_name", DEVICE_PID, None, "device", 1)
     for s in range(depth):
         trace += _meta("thread_name", HOST_PID, s, f"slot {s}", s)
-    seen_workers = {int(e[2]) for e in events}
+    seen_workers = {e[2] for e in task_events}
     for w in sorted(set(range(workers)) | seen_workers):
         trace += _meta("thread_name", DEVICE_PID, w, f"worker {w}" if w >= 0 else "caller", w)
 
@@ -95,16 +98,16 @@ def chrome_trace(spans: Iterable[HostSpan], events: Iterable[TaskEvent], *, work
     end: dict[int, int] = {}
     waits: list[HostSpan] = []
     body: list[HostSpan] = []
-    for span in spans:
-        run_id, slot, name, t0, t1 = span  # type: ignore[misc]
+    for span in host_spans:
+        run_id, slot, name, t0, t1 = span
         if name == "admission":
-            waits.append(span)  # type: ignore[arg-type]
+            waits.append(span)
             continue
-        body.append(span)  # type: ignore[arg-type]
+        body.append(span)
         slot_of[run_id] = slot
         begin[run_id] = min(begin.get(run_id, t0), t0)
         end[run_id] = max(end.get(run_id, t1), t1)
-    for run_id, _task, _worker, _t0, t1, _name, _ok in events:  # type: ignore[misc]
+    for run_id, _task, _worker, _t0, t1, _name, _ok in task_events:
         if run_id in end:
             end[run_id] = max(end[run_id], t1)
 
@@ -122,10 +125,9 @@ def chrome_trace(spans: Iterable[HostSpan], events: Iterable[TaskEvent], *, work
         trace.append(_complete(name, HOST_PID, ADMISSION_TID_BASE + lane, t0, t1, "admission",
                                {"run": run_id, "slot": slot}))
 
-    for run_id, task, worker, t0, t1, name, ok in sorted(events, key=lambda e: (e[3], e[4])):
-        trace.append(_complete(str(name), DEVICE_PID, int(worker), t0, t1,
-                               "copy_back" if name == "copy_back" else "task",
-                               {"run": run_id, "task": task, "ok": bool(ok)}))
+    for run_id, task, worker, t0, t1, name, ok in sorted(task_events, key=lambda e: (e[3], e[4])):
+        trace.append(_complete(name, DEVICE_PID, worker, t0, t1, "copy_back" if name == "copy_back" else "task",
+                               {"run": run_id, "task": task, "ok": ok}))
     return {"traceEvents": trace, "displayTimeUnit": "ns"}
 
 

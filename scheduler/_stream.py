@@ -16,6 +16,7 @@ skipped). For deterministic cleanup independent of garbage collection use
 from __future__ import annotations
 
 from collections import deque
+from functools import partial
 from typing import TYPE_CHECKING, Any, AsyncIterable, AsyncIterator, Iterable, Iterator, Union
 
 import anyio
@@ -75,9 +76,9 @@ class RunStream(AsyncIterator[Any]):
         self._iter: Iterator[Any] | None = None
         self._aiter: AsyncIterator[Any] | None = None
         if hasattr(source, "__aiter__"):
-            self._aiter = source.__aiter__()  # type: ignore[union-attr]
+            self._aiter = source.__aiter__()
         elif hasattr(source, "__iter__"):
-            self._iter = iter(source)  # type: ignore[arg-type]
+            self._iter = iter(source)
         else:
             raise TypeError(f"stream() needs an iterable or an async iterable, not {type(source).__name__}")
         self._art = art
@@ -168,7 +169,7 @@ class RunStream(AsyncIterator[Any]):
             entry = _Entry(index, fut, None)
             self._window.append(entry)
             if not self._ordered:
-                fut.add_done_callback(lambda _f, entry=entry: self._mark_ready(entry))
+                fut.add_done_callback(partial(self._run_done, entry))
 
     def _failed(self, index: int, error: BaseException) -> None:
         """Item `index` could not be dispatched: it surfaces in its turn and nothing later is dispatched."""
@@ -177,6 +178,10 @@ class RunStream(AsyncIterator[Any]):
         self._window.append(entry)
         if not self._ordered:
             self._mark_ready(entry)
+
+    def _run_done(self, entry: _Entry, _future: RunFuture) -> None:
+        """The done callback of an unordered stream's run."""
+        self._mark_ready(entry)
 
     def _mark_ready(self, entry: _Entry) -> None:
         if self._finished:

@@ -21,5 +21,5 @@ class WorkerDiedError(ClosedError):
         self.worker = worker
         self.exitcode = exitcode
 
-    def __reduce__(self):  # picklable with its fields
+    def __reduce__(self) -> tuple[type[WorkerDiedError], tuple[str, int, int | None]]:  # picklable with its fields
         return (type(self), (str(self), self.worker, self.exitcode))

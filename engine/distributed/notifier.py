@@ -29,6 +29,7 @@ class CompletionEngine:
         self._ids: deque[int] = deque()
         self._lock = threading.Lock()
         self._pending = False  # a wake-up was written and not drained yet: batches wake the loop once
+        fds: tuple[int, ...]  # what the finalizer closes: one eventfd, or both ends of a pipe
         if hasattr(os, "eventfd"):
             self._fd = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
             self._wfd = self._fd

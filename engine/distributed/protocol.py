@@ -41,7 +41,9 @@ class ProgramSpec(NamedTuple):
 
 
 class RegionSpec(NamedTuple):
-    index: int
+    # Shadows tuple.index (spec.index(x) is unusable); renaming it means changing its reader,
+    # engine/distributed/worker.py (ChipHost._attach), which is being rewritten elsewhere.
+    index: int  # type: ignore[assignment]
     name: str
     size: int
 
@@ -49,7 +51,7 @@ class RegionSpec(NamedTuple):
 class Setup(NamedTuple):
     """The first message a worker receives: everything it prepares once."""
 
-    index: int
+    worker: int  # which worker this is, 0-based (not `index`: that would shadow tuple.index)
     threads: int
     memory_limit: int
     programs: tuple[ProgramSpec, ...]

@@ -141,7 +141,9 @@ class ProcessTransport(Transport):
                              f"not {start_method!r}")
         self.workers = workers
         self.start_method = start_method
-        self._ctx = multiprocessing.get_context(start_method)
+        # Each literal, so the context's type (SpawnContext or ForkServerContext) has Process and Pipe.
+        self._ctx = (multiprocessing.get_context("spawn") if start_method == "spawn"
+                     else multiprocessing.get_context("forkserver"))
         # Names under /dev/shm say whose they are: tandem_<host pid>_<random>_<n>.
         self.prefix = f"tandem_{os.getpid()}_{secrets.token_hex(4)}"
         self._regions: list[_SharedRegion] = []
@@ -222,7 +224,7 @@ class ProcessTransport(Transport):
                     if is_exit:
                         exits.append((key.fileobj, i))
                         continue
-                    conn: Any = key.fileobj
+                    conn = self._conns[i]  # key.fileobj, typed
                     try:
                         while conn.poll():
                             on_message(i, decode(conn.recv_bytes()))

@@ -10,6 +10,7 @@ void bind_device(pybind11::module_& m);
 void bind_accessor(pybind11::module_& m);
 void bind_slots(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
+void bind_observers(pybind11::module_& m);
 void bind_engine(pybind11::module_& m);
 
 }  // namespace tandem::bindings

@@ -10,9 +10,9 @@
 
 #include "bindings.hpp"
 #include "interruptible.hpp"
-#include "tandem/bench.hpp"
 #include "tandem/engine.hpp"
 #include "tandem/errors.hpp"
+#include "tandem/run_log.hpp"
 
 namespace py = pybind11;
 
@@ -148,41 +148,6 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("alloc_id", [](const TensorArg& a) { return a.alloc_id; })
       .def_property_readonly("byte_range", [](const TensorArg& a) { return py::make_tuple(a.begin, a.end); });
 
-  py::class_<RunLog, std::shared_ptr<RunLog>>(m, "RunLog",
-                                             "Timing records of launched runs, written by each run as it completes")
-      .def(py::init<size_t>(), py::arg("window"))
-      .def_property_readonly("window", &RunLog::window)
-      .def(
-          "record",
-          [](RunLog& log, int64_t dispatch_ns, int64_t admit_ns, int64_t launch_ns, int64_t sealed_ns,
-             int64_t first_start_ns, int64_t last_end_ns, int64_t done_ns, int32_t kind) {
-            if (kind < 0 || kind > 2) throw InvalidArgument("run kind must be 0 (completed), 1 (failed) or 2 (cancelled)");
-            log.record(RunTiming{dispatch_ns, admit_ns, launch_ns, sealed_ns, first_start_ns, last_end_ns, done_ns,
-                                 static_cast<RunKind>(kind)});
-          },
-          py::arg("dispatch_ns"), py::arg("admit_ns"), py::arg("launch_ns"), py::arg("sealed_ns"),
-          py::arg("first_start_ns"), py::arg("last_end_ns"), py::arg("done_ns"), py::arg("kind"),
-          "A record for a run that is not a native one (the distributed runtime's)")
-      .def(
-          "recent",
-          [](const RunLog& log) {
-            py::list out;
-            for (const RunTiming& t : log.recent()) {
-              out.append(py::make_tuple(t.dispatch_ns, t.admit_ns, t.launch_ns, t.sealed_ns, t.first_start_ns,
-                                        t.last_end_ns, t.done_ns, static_cast<int32_t>(t.kind)));
-            }
-            return out;
-          },
-          "(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first")
-      .def("launched", &RunLog::launched, "Counts a launched run that is not a native one (it records itself later)")
-      .def(
-          "counts",
-          [](const RunLog& log) {
-            const RunCounts c = log.counts();
-            return py::make_tuple(c.launched, c.completed, c.failed, c.cancelled);
-          },
-          "(launched, completed, failed, cancelled): every run so far, not only the window's");
-
   py::class_<PreparedCall, std::shared_ptr<PreparedCall>>(m, "PreparedCall",
                                                          "A kernel call checked once (Engine.prepare_call)")
       .def_property_readonly("kernel", [](const PreparedCall& c) { return std::const_pointer_cast<Kernel>(c.kernel); })
@@ -294,7 +259,7 @@ void bind_engine(py::module_& m) {
           [](Engine& e, Run& run, const py::object& log, int64_t dispatch_ns, int64_t launch_ns) {
             // None checked here: casting it to a holder costs pybind11 a failed attribute lookup.
             if (log.is_none()) return e.seal(run);
-            e.seal_logged(run, log.cast<std::shared_ptr<RunLog>>(), dispatch_ns, launch_ns);
+            e.seal_observed(run, log.cast<std::shared_ptr<RunLog>>(), dispatch_ns, launch_ns);
           },
           py::arg("run"), py::arg("log"), py::arg("dispatch_ns"), py::arg("launch_ns") = 0,
           "seal(); the run records its timings in log (a RunLog, or None for none) when it completes")
@@ -306,26 +271,11 @@ void bind_engine(py::module_& m) {
           "wait_completed",
           [](Engine& e, std::optional<double> timeout) { return e.notifier().wait(timeout ? *timeout : -1.0); },
           py::arg("timeout") = py::none(), py::call_guard<py::gil_scoped_release>())
-      .def("set_tracing", &Engine::set_tracing)
-      .def("drain_trace",
-           [](Engine& e) {
-             py::list out;
-             for (const TraceEvent& ev : e.drain_trace()) {
-               out.append(py::make_tuple(ev.run_id, ev.task_index, ev.worker, ev.start_ns, ev.end_ns, ev.name, ev.ok));
-             }
-             return out;
-           })
-      .def(
-          "bench_noop_graph",
-          [](Engine& e, const std::string& shape, uint64_t n) {
-            GraphBenchResult r;
-            {
-              py::gil_scoped_release nogil;
-              r = bench_noop_graph(e, shape, n);
-            }
-            return py::make_tuple(r.tasks, r.submit_seconds, r.total_seconds);
-          },
-          py::arg("shape"), py::arg("n"))
+      .def("add_observer", &Engine::add_observer, py::arg("observer"),
+           "Attaches a task observer (a TraceRecorder): told about every task executed from now on. "
+           "False when attached already")
+      .def("remove_observer", &Engine::remove_observer, py::arg("observer"),
+           "Detaches a task observer: no task completing after this returns reaches it. False when not attached")
       .def("stats", [](const Engine& e) {
         EngineStats s = e.stats();
         py::dict d;

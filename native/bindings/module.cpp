@@ -10,5 +10,6 @@ PYBIND11_MODULE(_native, m) {
   tandem::bindings::bind_accessor(m);
   tandem::bindings::bind_slots(m);
   tandem::bindings::bind_kernels(m);
+  tandem::bindings::bind_observers(m);
   tandem::bindings::bind_engine(m);
 }

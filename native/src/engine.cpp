@@ -1,6 +1,8 @@
 #include "tandem/engine.hpp"
 
 #include <algorithm>
+#include <iterator>
+#include <string_view>
 #include <thread>
 
 #include "tandem/errors.hpp"
@@ -158,15 +160,16 @@ void Engine::submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_b
   if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);
 }
 
-void Engine::seal(Run& run) { seal_logged(run, nullptr, 0, 0); }
+void Engine::seal(Run& run) { seal_observed(run, nullptr, 0, 0); }
 
-void Engine::seal_logged(Run& run, std::shared_ptr<RunLog> log, int64_t dispatch_ns, int64_t launch_ns) {
+void Engine::seal_observed(Run& run, std::shared_ptr<RunObserver> observer, int64_t dispatch_ns,
+                           int64_t launch_ns) {
   {
     std::lock_guard<std::mutex> lock(submit_mu_);
     if (run.sealed()) return;  // a run sealed already (by close, say) keeps what it had
-    if (log) {
-      log->launched();
-      run.log_ = std::move(log);
+    if (observer) {
+      observer->on_run_sealed();
+      run.observer_ = std::move(observer);
       run.dispatch_ns_ = dispatch_ns;
       run.launch_ns_ = launch_ns;
     }
@@ -221,11 +224,12 @@ Task* Engine::run_task(Task* t, int worker) {
     while (last < t1 && !run.last_end_ns_.compare_exchange_weak(last, t1, std::memory_order_relaxed)) {
     }
     tasks_executed_.fetch_add(1, std::memory_order_relaxed);
-    const std::string& kname = t->op == Task::Op::Kernel ? t->kernel->name : std::string("copy_back");
+    const std::string_view kname =
+        t->op == Task::Op::Kernel ? std::string_view(t->kernel->name) : std::string_view("copy_back");
     if (rc != 0) run.record_failure(t->index, kname, err);
-    if (tracing_.load(std::memory_order_relaxed)) {
-      std::lock_guard<std::mutex> lock(trace_mu_);
-      trace_.push_back(TraceEvent{run.id(), t->index, worker, t0, t1, kname, rc == 0});
+    // Nobody observing costs this one load; the event is built only for observers.
+    if (observed_.load(std::memory_order_relaxed)) {
+      notify_observers(TaskEvent{run.id(), t->index, worker, t0, t1, kname, rc == 0});
     }
   }
 
@@ -315,11 +319,44 @@ void Engine::close(bool cancel_pending) {
   }
 }
 
-std::vector<TraceEvent> Engine::drain_trace() {
-  std::lock_guard<std::mutex> lock(trace_mu_);
-  std::vector<TraceEvent> out;
-  out.swap(trace_);
-  return out;
+void Engine::notify_observers(const TaskEvent& event) const {
+  // The list read here stays valid (and its observers alive) while we call
+  // them, whatever add/remove do meanwhile. Null or empty: removed since the
+  // flag was read.
+  const std::shared_ptr<const TaskObservers> observers = std::atomic_load(&observers_);
+  if (!observers) return;
+  for (const auto& observer : *observers) observer->on_task(event);
+}
+
+bool Engine::add_observer(std::shared_ptr<TaskObserver> observer) {
+  if (!observer) throw InvalidArgument("add_observer: null observer");
+  std::shared_ptr<const TaskObservers> old;  // released after the lock
+  std::lock_guard<std::mutex> lock(observers_mu_);
+  old = std::atomic_load(&observers_);
+  if (old && std::find(old->begin(), old->end(), observer) != old->end()) return false;
+  auto next = old ? std::make_shared<TaskObservers>(*old) : std::make_shared<TaskObservers>();
+  next->push_back(std::move(observer));
+  std::atomic_store(&observers_, std::shared_ptr<const TaskObservers>(std::move(next)));
+  observed_.store(true, std::memory_order_release);
+  return true;
+}
+
+bool Engine::remove_observer(const std::shared_ptr<TaskObserver>& observer) {
+  std::shared_ptr<const TaskObservers> old;  // released after the lock
+  std::lock_guard<std::mutex> lock(observers_mu_);
+  old = std::atomic_load(&observers_);
+  if (!old) return false;
+  auto it = std::find(old->begin(), old->end(), observer);
+  if (it == old->end()) return false;
+  std::shared_ptr<const TaskObservers> next;  // null when none is left
+  if (old->size() > 1) {
+    auto rest = std::make_shared<TaskObservers>(old->begin(), it);
+    rest->insert(rest->end(), std::next(it), old->end());
+    next = std::move(rest);
+  }
+  observed_.store(next != nullptr, std::memory_order_release);
+  std::atomic_store(&observers_, std::move(next));
+  return true;
 }
 
 EngineStats Engine::stats() const {

@@ -73,7 +73,7 @@ RunTimes Run::times() const {
 
 void Run::attach_accessor(std::shared_ptr<HostAccessor> accessor) { accessor_ = std::move(accessor); }
 
-void Run::record_failure(uint32_t task_index, const std::string& kernel, const std::string& message) {
+void Run::record_failure(uint32_t task_index, std::string_view kernel, const std::string& message) {
   std::lock_guard<std::mutex> lock(mu_);
   if (failed_.load(std::memory_order_relaxed)) return;  // the first failure is the run's error
   failure_.task_index = static_cast<int32_t>(task_index);
@@ -96,7 +96,7 @@ void Run::finish(int64_t now_ns, Notifier* announce_to) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     done_ns_ = now_ns;
-    if (log_) {  // before done: whoever sees the run done finds it counted
+    if (observer_) {  // before done: whoever sees the run done finds it reported
       RunTiming t;
       t.dispatch_ns = dispatch_ns_;
       t.admit_ns = created_ns_;
@@ -106,7 +106,7 @@ void Run::finish(int64_t now_ns, Notifier* announce_to) {
       t.last_end_ns = last_end_ns_.load(std::memory_order_relaxed);
       t.done_ns = now_ns;
       t.kind = cancelled() ? RunKind::Cancelled : failed() ? RunKind::Failed : RunKind::Completed;
-      log_->record(t);
+      observer_->on_run_done(t);
     }
     done_.store(true, std::memory_order_release);
     // The id goes out after done() turns true (a drainer can finish the run at

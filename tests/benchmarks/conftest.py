@@ -16,9 +16,9 @@ HAVE_MPL = importlib.util.find_spec("matplotlib") is not None
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def tandem(*args: str, timeout: float = 900) -> subprocess.CompletedProcess[str]:
-    """The `tandem` command, run as `python -m engine.cli` from the repository's root."""
-    return subprocess.run([sys.executable, "-m", "engine.cli", *args], capture_output=True, text=True, cwd=ROOT,
+def tandem(*args: str, timeout: float = 900, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    """The `tandem` command, run as `python -m tandem` (from the repository's root unless `cwd` says)."""
+    return subprocess.run([sys.executable, "-m", "tandem", *args], capture_output=True, text=True, cwd=cwd,
                           timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1"})
 
 

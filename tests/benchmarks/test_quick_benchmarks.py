@@ -78,7 +78,7 @@ def test_overlap_quick_depth2_beats_depth1(tmp_path, workers):
 
 
 def test_demo_runs_and_checks_against_numpy():
-    proc = subprocess.run([sys.executable, "-m", "engine.cli", "demo", "--runs", "20", "--batch", "8"],
+    proc = subprocess.run([sys.executable, "-m", "tandem", "demo", "--runs", "20", "--batch", "8"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: outputs match numpy" in proc.stdout

@@ -1,14 +1,15 @@
-"""engine.trace_plot on a hand-made trace (exact numbers), the progress protocol, and light imports."""
+"""tandem.timeline on a hand-made trace (exact numbers), the progress protocol, and light imports."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 
 import pytest
 
 from engine.trace import chrome_trace
-from engine.trace_plot import lanes, overlap_summary, render_timeline
+from tandem.timeline import lanes, overlap_summary, render_timeline
 from tests.benchmarks.conftest import HAVE_MPL, PNG_MAGIC, ROOT
 
 MS = 1_000_000  # ns
@@ -57,9 +58,23 @@ def test_progress_lines_round_trip(monkeypatch, capsys):
     assert _progress.parse_pipe_line("an ordinary line") is None
 
 
+def imported_after(statement: str) -> set[str]:
+    """The modules a fresh interpreter holds after running `statement` (which must succeed)."""
+    code = f"import json, sys; {statement}; print(json.dumps(sorted(sys.modules)))"
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return set(json.loads(proc.stdout.splitlines()[-1]))
+
+
 def test_cli_import_stays_light():
-    code = ("import sys, engine.cli; heavy = [m for m in ('matplotlib', 'engine._native', 'numpy', 'torch', 'ray') "
-            "if m in sys.modules]; print(heavy)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    # engine/__init__ loads the native module and numpy; the CLI itself must add nothing heavier.
-    assert "matplotlib" not in out.stdout and "torch" not in out.stdout and "ray" not in out.stdout, out
+    # `tandem --help` loads the command and nothing of the engine, numpy or the plotting stack.
+    loaded = imported_after("import tandem.cli")
+    assert "tandem.cli" in loaded
+    heavy = {"engine", "engine._native", "numpy", "matplotlib", "torch", "ray"}
+    assert not heavy & loaded, heavy & loaded
+
+
+def test_core_never_imports_the_tooling():
+    loaded = imported_after("import engine, engine.trace, engine.distributed, scheduler")
+    assert "engine._native" in loaded
+    assert not {m for m in loaded if m == "tandem" or m.startswith("tandem.")}

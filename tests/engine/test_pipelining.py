@@ -230,7 +230,7 @@ def test_up_to_depth_runs_are_in_flight_and_the_next_submit_blocks_until_the_old
     assert ev.index(("end", 1)) < ev.index(("admitted", 3))
 
 
-def test_back_pressure_admits_each_run_after_the_run_depth_places_before_it(prepared):
+def test_back_pressure_admits_a_run_only_while_fewer_than_depth_are_in_flight(prepared):
     depth, n = 2, 8
     rt, gate = gated_runtime(prepared, depth=depth)
     x = np.zeros(4, np.float32)
@@ -245,7 +245,7 @@ def test_back_pressure_admits_each_run_after_the_run_depth_places_before_it(prep
     try:
         # open the gates newest-first within each window so completion order differs from submission order
         for k in range(1, n + 1):
-            assert gate.wait_started(k, 10) or k > n
+            assert gate.wait_started(k, 10), f"run {k} never started"
             if k % 2 == 1 and k + 1 <= n:
                 assert gate.wait_started(k + 1, 10)
                 gate.open(k + 1)
@@ -261,9 +261,13 @@ def test_back_pressure_admits_each_run_after_the_run_depth_places_before_it(prep
     ev = gate.events
     admitted = [k for what, k in ev if what == "admitted"]
     assert admitted == list(range(1, n + 1)), "runs were admitted out of submission order"
+    # Back-pressure: a run is admitted only once k - depth of the runs before it ended. Which ones
+    # is not fixed: a submit that arrives after run k - depth + 1 ended (its window's newer run,
+    # opened first) takes the slot it freed at once, while run k - depth may still be executing.
     for k in range(depth + 1, n + 1):
-        assert ev.index(("end", k - depth)) < ev.index(("admitted", k)), \
-            f"run {k} was admitted while run {k - depth} was still in flight"
+        before = ev[:ev.index(("admitted", k))]
+        ended = sum(1 for what, _ in before if what == "end")
+        assert ended >= k - depth, f"run {k} was admitted with {k - 1 - ended} runs in flight: {ev}"
 
 
 def test_blocked_submitters_are_admitted_first_come_first_served(prepared):

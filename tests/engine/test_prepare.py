@@ -148,10 +148,23 @@ def test_wrong_callback_arity_is_a_type_error_at_prepare(fn):
 
 
 def test_flexible_callback_signatures_are_accepted(prepared):
-    rt = prepared(cb_prog, callbacks={"accumulate": lambda *arrays: None})
-    rt(np.zeros(4, np.float32))
-    rt2 = prepared(cb_prog, callbacks={"accumulate": lambda a, b, c=None: None})
-    rt2(np.zeros(4, np.float32))
+    calls = []
+
+    def star(*arrays):
+        calls.append(("star", len(arrays)))
+        arrays[1][...] = 5
+
+    def defaulted(a, b, c=None):
+        calls.append(("defaulted", c))
+        b[...] = a + 1
+
+    x = np.arange(4, dtype=np.float32)
+    rt = prepared(cb_prog, callbacks={"accumulate": star})
+    np.testing.assert_array_equal(rt(x), [5] * 4)
+    rt2 = prepared(cb_prog, callbacks={"accumulate": defaulted})
+    np.testing.assert_array_equal(rt2(x), x + 1)
+    # Each ran once per run, with the two declared arrays and no extra argument.
+    assert calls == [("star", 2), ("defaulted", None)]
 
 
 def test_non_callable_callback_is_a_type_error():

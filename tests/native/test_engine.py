@@ -17,18 +17,6 @@ from .graph_helpers import READ, READWRITE, WRITE, RandomGraph, arg, read_vec, u
 
 
 @pytest.fixture
-def device():
-    return _native.Device(0)
-
-
-@pytest.fixture
-def eng(device):
-    e = _native.Engine(device, 2)
-    yield e
-    e.close(True)
-
-
-@pytest.fixture
 def kernels(eng):
     lib = user_kernel_library()
     return {
@@ -244,19 +232,22 @@ def test_python_host_task_raising_fails_its_run_with_the_message(device, eng):
 def test_host_task_sees_device_memory_as_numpy(device, eng, kernels):
     buf = device.alloc(4 * 8)
     write_vec(device, buf, np.arange(8))
-    seen = []
+    src = device.alloc(4 * 8)
+    write_vec(device, src, np.full(8, 3.0))
+    flags = []
 
-    def double(x, scale):
-        assert not x.flags.writeable or True
-        x *= scale
-        seen.append(x.copy())
+    def scale_by(x, s, scale):
+        flags.append((x.flags.writeable, s.flags.writeable))
+        x *= s * scale
 
-    k = eng.register_host_kernel("double", double)
+    k = eng.register_host_kernel("scale_by", scale_by)
     run = eng.begin_run()
-    eng.submit(run, k, [arg(buf)], [READWRITE], [2])
+    eng.submit(run, k, [arg(buf), arg(src)], [READWRITE, READ], [2])
     eng.seal(run)
     assert run.wait(10) and not run.failed, run.failure()
-    np.testing.assert_array_equal(read_vec(device, buf), np.arange(8) * 2)
+    # A read-write argument arrives writable, a read-only one read-only; both view device memory.
+    assert flags == [(True, False)]
+    np.testing.assert_array_equal(read_vec(device, buf), np.arange(8) * 6)
 
 
 def test_cancel_skips_tasks_not_started(device, eng, kernels):

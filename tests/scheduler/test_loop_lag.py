@@ -14,9 +14,13 @@ is something a scheduler design can prevent. So:
 - a measurement over the bound is repeated (at most four times) and the best
   attempt must be under it: such outliers are rare and random, whereas a
   scheduler that blocks the loop fails every attempt;
-- if every attempt is over the bound and the hypervisor stole CPU from the VM
-  meanwhile (/proc/stat steal), the test is skipped saying so: a descheduled
-  vCPU looks like a running thread from inside;
+- a descheduled vCPU looks like a running thread from inside, so the CPU time
+  the hypervisor stole from the VM during each attempt (/proc/stat steal, all
+  vCPUs, in 10 ms ticks) is what that attempt's worst beat may have lost to it
+  at most. If every attempt is over the bound but one of them is not once its
+  stolen time is taken off (the steal could explain its excess), the test is
+  skipped saying so; a scheduler over the bound by more than the steal of
+  every attempt is not excused;
 - otherwise a control runs the same device work
   without the scheduler (one long run for the loop-thread case; the
   synchronous Runtime driven from a worker thread for the worker-thread case,
@@ -151,25 +155,30 @@ def frozen_heap():
 async def test_heartbeat_lag_stays_under_5ms(make_rt, in_thread, anyio_backend, frozen_heap):
     rt = make_rt(spin, depth=2)
     mode = "a worker thread" if in_thread else "the loop thread"
-    attempts = []
+    attempts = []  # (charged lag, CPU time stolen from the VM during the attempt)
     report = []
-    steal0 = stolen_s()
     for _ in range(5):
+        steal0 = stolen_s()
         raw, own, beats = await with_heartbeat(scheduler_work(rt, in_thread))
+        stolen = stolen_s() - steal0
         assert beats > DISPATCHES // 4  # the heartbeat really ran throughout
-        attempts.append(charged(raw, own))
-        report.append(f"{raw * 1e3:.2f} ms raw / {own * 1e3:.2f} ms excluding run-queue waits")
-        if attempts[-1] < BOUND_S:
+        attempts.append((charged(raw, own), stolen))
+        report.append(f"{raw * 1e3:.2f} ms raw / {own * 1e3:.2f} ms excluding run-queue waits"
+                      f" ({stolen * 1e3:.0f} ms stolen)")
+        if attempts[-1][0] < BOUND_S:
             break
     print(f"\n[{anyio_backend}, orchestration on {mode}] worst heartbeat lag: " + "; ".join(report))
-    if min(attempts) < BOUND_S:
+    best = min(lag for lag, _ in attempts)
+    if best < BOUND_S:
         return
-    stolen = stolen_s() - steal0
-    if stolen > 0:
-        # A vCPU the hypervisor descheduled looks, from inside, like a thread that ran:
-        # neither the run-queue accounting nor the control can tell those milliseconds apart.
-        pytest.skip(f"the hypervisor took {stolen * 1e3:.0f} ms of CPU from this VM during the attempts "
-                    f"(best {min(attempts) * 1e3:.2f} ms): the lag cannot be charged to the scheduler")
+    # A vCPU the hypervisor descheduled looks, from inside, like a thread that ran: neither the
+    # run-queue accounting nor the control can tell those milliseconds apart. At most all of an
+    # attempt's stolen time fell into its worst beat, so what is left of its lag is the scheduler's
+    # at the least; the scheduler is excused only if that is under the bound for some attempt.
+    net = min(max(lag - stolen, 0.0) for lag, stolen in attempts)
+    if net < BOUND_S:
+        pytest.skip(f"the hypervisor's steal could explain the lag: best {best * 1e3:.2f} ms, "
+                    f"{net * 1e3:.2f} ms with an attempt's stolen time taken off")
     control = []
     for _ in range(2):
         raw, own, _ = await with_heartbeat(control_work(rt, in_thread))
@@ -178,5 +187,6 @@ async def test_heartbeat_lag_stays_under_5ms(make_rt, in_thread, anyio_backend, 
     if max(control) >= BOUND_S - ENV_MARGIN_S:
         pytest.skip(f"the machine is too loaded to measure: without the scheduler the heartbeat already lagged "
                     f"{max(control) * 1e3:.1f} ms")
-    pytest.fail(f"heartbeat lag {min(attempts) * 1e3:.2f} ms with the scheduler, "
-                f"at most {max(control) * 1e3:.2f} ms without it (bound {BOUND_S * 1e3:.0f} ms)")
+    pytest.fail(f"heartbeat lag {best * 1e3:.2f} ms with the scheduler ({net * 1e3:.2f} ms net of the "
+                f"hypervisor's steal), at most {max(control) * 1e3:.2f} ms without it "
+                f"(bound {BOUND_S * 1e3:.0f} ms)")

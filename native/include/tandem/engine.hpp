@@ -15,19 +15,11 @@
 #include "tandem/device.hpp"
 #include "tandem/kernel.hpp"
 #include "tandem/notifier.hpp"
+#include "tandem/observer.hpp"
 #include "tandem/task_graph.hpp"
 #include "tandem/worker_pool.hpp"
 
 namespace tandem {
-
-struct TraceEvent {
-  uint64_t run_id;
-  uint32_t task_index;
-  int32_t worker;
-  int64_t start_ns, end_ns;
-  std::string name;
-  bool ok;
-};
 
 struct EngineStats {
   uint64_t tasks_submitted = 0;
@@ -93,10 +85,29 @@ class Engine final : public TaskRunner {
   void submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base);
   // No more tasks for this run; it completes when its last task does.
   void seal(Run& run);
-  // seal(), and the run records its timings in `log` (if any) when it
-  // completes. dispatch_ns: when the caller asked for it; launch_ns: when its
-  // orchestration started (0: when it began).
-  void seal_logged(Run& run, std::shared_ptr<RunLog> log, int64_t dispatch_ns, int64_t launch_ns);
+  // seal(), and the run reports to `observer` (if any): on_run_sealed now,
+  // on_run_done with its timings when it completes. dispatch_ns: when the
+  // caller asked for it; launch_ns: when its orchestration started (0: when it
+  // began). A run sealed already keeps what it had (observer not told).
+  void seal_observed(Run& run, std::shared_ptr<RunObserver> observer, int64_t dispatch_ns, int64_t launch_ns);
+
+  // Task observers. An attached observer is told (TaskObserver::on_task)
+  // about the tasks executed after add_observer returns: surely every task
+  // submitted after it returns; one already queued or running may or may not
+  // be reported. Both calls are safe while tasks run, from any thread, and
+  // workers never wait for them.
+  //
+  // Removal is not a barrier: a worker that took the list of observers before
+  // remove_observer replaced it may still be calling the removed observer, or
+  // be about to, when remove_observer returns (for a task that completed
+  // during the call); that worker's copy of the list keeps the observer alive
+  // until its call returns. No task completing after remove_observer returns
+  // reaches it, and once close() returns no observer is called at all.
+  //
+  // add_observer: false (and nothing changes) when it is attached already;
+  // InvalidArgument for null. remove_observer: false when it was not attached.
+  bool add_observer(std::shared_ptr<TaskObserver> observer);
+  bool remove_observer(const std::shared_ptr<TaskObserver>& observer);
 
   // Waits until no unfinished task touches the allocation (before freeing it).
   void quiesce(uint64_t alloc_id);
@@ -107,8 +118,6 @@ class Engine final : public TaskRunner {
   void close(bool cancel_pending);
   bool closed() const { return closed_.load(std::memory_order_acquire); }
 
-  void set_tracing(bool on) { tracing_.store(on, std::memory_order_release); }
-  std::vector<TraceEvent> drain_trace();
   EngineStats stats() const;
 
   Task* run_task(Task* t, int worker) override;
@@ -117,6 +126,7 @@ class Engine final : public TaskRunner {
   friend class Run;
   void finish_run(Run& run);
   void enqueue_ready(std::vector<Task*>& ready);
+  void notify_observers(const TaskEvent& event) const;
   std::shared_ptr<Run> find_live(uint64_t id);
 
   std::shared_ptr<Device> device_;
@@ -137,12 +147,17 @@ class Engine final : public TaskRunner {
   std::atomic<bool> closed_{false};
   bool admitting_ = true;  // guarded by live_mu_
   std::mutex close_mu_;
-  std::atomic<bool> tracing_{false};
   std::atomic<uint64_t> tasks_submitted_{0}, tasks_executed_{0}, tasks_skipped_{0};
   std::atomic<uint64_t> runs_started_{0}, runs_completed_{0};
 
-  std::mutex trace_mu_;
-  std::vector<TraceEvent> trace_;
+  // Task observers: an immutable list, replaced whole (under observers_mu_,
+  // which only add/remove take) and read by workers with std::atomic_load,
+  // only when observed_ says the list is not empty. A worker holding a list
+  // keeps its observers alive.
+  using TaskObservers = std::vector<std::shared_ptr<TaskObserver>>;
+  std::mutex observers_mu_;
+  std::shared_ptr<const TaskObservers> observers_;
+  std::atomic<bool> observed_{false};
 
   std::unique_ptr<WorkerPool> pool_;  // last: its threads stop before the rest goes
 };

@@ -14,12 +14,13 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "tandem/accessor.hpp"
 #include "tandem/kernel.hpp"
-#include "tandem/run_log.hpp"
+#include "tandem/observer.hpp"
 #include "tandem/slot_table.hpp"
 
 namespace tandem {
@@ -122,9 +123,10 @@ class Run {
 
  private:
   friend class Engine;
-  void record_failure(uint32_t task_index, const std::string& kernel, const std::string& message);
-  // Closes the accessor and releases the slot, marks the run done, announces
-  // its id on announce_to (if any), then wakes its waiters.
+  void record_failure(uint32_t task_index, std::string_view kernel, const std::string& message);
+  // Closes the accessor and releases the slot, reports the run to its
+  // observer (if any), marks it done, announces its id on announce_to (if
+  // any), then wakes its waiters.
   void finish(int64_t now_ns, Notifier* announce_to);
   void hold_slot(std::shared_ptr<SlotTable> slots, SlotLease lease);
 
@@ -145,7 +147,7 @@ class Run {
   std::shared_ptr<HostAccessor> accessor_;
   std::shared_ptr<SlotTable> slots_;  // with lease_: the slot released at finish
   SlotLease lease_;
-  std::shared_ptr<RunLog> log_;  // set before sealing (Engine::seal_logged); the run records itself at finish
+  std::shared_ptr<RunObserver> observer_;  // set when sealed (Engine::seal_observed), told at finish
   int64_t dispatch_ns_ = 0, launch_ns_ = 0;
   mutable std::mutex mu_;  // guards failure_, done_ns_ and the wait condition
   std::condition_variable cv_;

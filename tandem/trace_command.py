@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib
 import itertools
-import math
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -20,23 +19,10 @@ from typing import Any, Callable, Iterable
 import numpy as np
 
 import engine
-from engine import In, Scalar
-from engine import kernels as K
+from tandem.programs import D_IN, mlp, mlp_weights, spin
+from tandem.timeline import overlap_summary, render_timeline
 
 Source = tuple[engine.Program, dict[str, Any], Any]
-
-
-def _python_work(seconds: float) -> None:
-    """Busy Python work (the GIL held, as real orchestration holds it)."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-@engine.program
-def spin(run: engine.Run, x: In((16,)), host_s: Scalar(float), device_ns: Scalar(int)):
-    _python_work(host_s)
-    run.submit(K.spin, ns=device_ns)
 
 
 def overlap_source() -> Source:
@@ -47,11 +33,8 @@ def overlap_source() -> Source:
 
 def mlp_source() -> Source:
     """The demo MLP (384 -> 1536 -> 384, batch 32, one row tile per worker) with resident weights."""
-    from engine.demo import D_HIDDEN, D_IN, mlp
-
     rng = np.random.default_rng(0)
-    w1 = (rng.standard_normal((D_IN, D_HIDDEN)) / math.sqrt(D_IN)).astype(np.float32)
-    w2 = (rng.standard_normal((D_HIDDEN, D_IN)) / math.sqrt(D_HIDDEN)).astype(np.float32)
+    w1, w2 = mlp_weights(rng)
     batches = [rng.standard_normal((32, D_IN)).astype(np.float32) for _ in range(8)]
 
     def args(rt: engine.Runtime) -> Iterable[tuple[Any, ...]]:
@@ -122,8 +105,6 @@ def record(source: Source, path: Path, *, runs: int, warmup: int, depth: int | N
 
 def main(spec: str, *, out: str | None, png: str | None, runs: int, warmup: int, depth: int | None,
          workers: int | None, plot: bool = True) -> int:
-    from engine.trace_plot import overlap_summary
-
     name, source = load_source(spec)
     path = Path(out or f"trace_{name}.json")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -143,8 +124,6 @@ def main(spec: str, *, out: str | None, png: str | None, runs: int, warmup: int,
     except ImportError:
         print("matplotlib is not installed (pip install 'tandem-engine[bench]'): no PNG timeline")
         return 0
-    from engine.trace_plot import render_timeline
-
     image = render_timeline(path, png or path.with_suffix(".png"),
                             title=f"tandem trace {spec}: depth {info['depth']}, {info['workers']} worker(s)")
     print(f"wrote {image}")

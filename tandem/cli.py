@@ -1,8 +1,7 @@
 """The `tandem` command: `demo`, `bench` and `trace`.
 
 Everything heavy (the engine, numpy, matplotlib, the benchmarks) is imported
-inside the subcommand that needs it, so `tandem --help` is instant and this
-module adds nothing to `import engine`.
+inside the subcommand that needs it, so `tandem --help` is instant.
 """
 
 from __future__ import annotations
@@ -11,13 +10,14 @@ import argparse
 import sys
 from pathlib import Path
 
-BENCH_NAMES = ("tasks", "kernels", "overlap", "dispatch", "model", "decode", "distributed")
+from tandem import bench_command
 
 BENCH_HELP = """\
-Runs benchmarks from the source tree's benchmarks/ folder, each in its own process
-with a warm-up, several repetitions, medians and spread: a table on the terminal, a
-JSON file with the figures and the machine (CPU, cores, Python, numpy/torch, git
-commit), PNG plots (with matplotlib, the `bench` extra), and a progress bar.
+Runs the benchmark scripts (a checkout's benchmarks/ folder, or the copy installed
+with the package), each in its own process with a warm-up, several repetitions,
+medians and spread: a table on the terminal, a JSON file with the figures and the
+machine (CPU, cores, Python, numpy/torch, git commit or package version), PNG plots
+(with matplotlib, the `bench` extra), and a progress bar.
 Peers (a sequential loop, a ThreadPoolExecutor pipeline, asyncio.to_thread, and Ray
 Compiled Graphs with the `ray` extra) run on the same work and are reported as
 ratios to Tandem.
@@ -35,6 +35,10 @@ examples:
   tandem bench all --quick              # every benchmark, shortened
   tandem bench overlap kernels --out /tmp/bench
   tandem bench overlap --trace          # also a Chrome trace + PNG timeline
+
+Output goes to --out; by default to benchmarks/results/ when run from a source
+checkout, and to ./tandem-bench-results (in the current directory) when run from
+an installed package.
 """
 
 TRACE_HELP = """\
@@ -73,36 +77,23 @@ def non_negative(text: str) -> int:
     return value
 
 
-def find_benchmarks() -> Path | None:
-    """The benchmarks/ folder of the source tree this engine runs from (an editable install), or of the cwd."""
-    for base in (Path(__file__).resolve().parents[1], Path.cwd()):
-        if (base / "benchmarks" / "_suite.py").is_file():
-            return base / "benchmarks"
-    return None
-
-
 def bench(args: argparse.Namespace) -> int:
-    names = list(BENCH_NAMES) if "all" in args.names else list(dict.fromkeys(args.names))
-    folder = find_benchmarks()
-    if folder is None:
-        print("tandem bench needs the source tree's benchmarks/ folder (they are not installed with the package): "
-              "run it from a checkout, or install the checkout with `pip install -e .`", file=sys.stderr)
+    try:
+        scripts = bench_command.locate()
+    except bench_command.ScriptsNotFound as e:
+        print(f"tandem bench: {e}", file=sys.stderr)
         return 2
-    sys.path.insert(0, str(folder))
-    import _suite
-
-    out = Path(args.out) if args.out else folder / "results"
-    return _suite.run(names, quick=args.quick, out_dir=out, plots=not args.no_plots, ray=not args.no_ray,
-                      trace=args.trace)
+    return bench_command.run(args.names, scripts=scripts, out=Path(args.out) if args.out else None,
+                             quick=args.quick, plots=not args.no_plots, ray=not args.no_ray, trace=args.trace)
 
 
 def trace(args: argparse.Namespace) -> int:
-    from engine import trace_cli
+    from tandem import trace_command
 
     try:
-        return trace_cli.main(args.program, out=args.out, png=args.png, runs=args.runs, warmup=args.warmup,
-                              depth=args.depth, workers=args.workers)
-    except trace_cli.UsageError as e:
+        return trace_command.main(args.program, out=args.out, png=args.png, runs=args.runs, warmup=args.warmup,
+                                  depth=args.depth, workers=args.workers)
+    except trace_command.UsageError as e:
         print(f"tandem trace: {e}", file=sys.stderr)
         return 2
 
@@ -111,16 +102,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="tandem", description="Tandem: an async pipelined execution engine")
     sub = parser.add_subparsers(dest="command", required=True)
     demo = sub.add_parser("demo", help="run a small MLP at depth 1 and 2 and check it against numpy")
-    demo.add_argument("--runs", type=int, default=200)
-    demo.add_argument("--batch", type=int, default=32)
+    demo.add_argument("--runs", type=positive, default=200)
+    demo.add_argument("--batch", type=positive, default=32)
 
     b = sub.add_parser("bench", help="run benchmarks: tables, JSON, plots, peers side by side",
                        description=BENCH_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    b.add_argument("names", nargs="+", choices=(*BENCH_NAMES, "all"), metavar="NAME",
-                   help=f"one or more of {', '.join(BENCH_NAMES)}, all")
+    b.add_argument("names", nargs="+", choices=(*bench_command.NAMES, "all"), metavar="NAME",
+                   help=f"one or more of {', '.join(bench_command.NAMES)}, all")
     b.add_argument("--quick", action="store_true",
                    help="fewer runs and repetitions; the model benchmark without its HTTP service part")
-    b.add_argument("--out", default=None, help="folder for JSON, logs and plots (default: benchmarks/results)")
+    b.add_argument("--out", default=None,
+                   help=f"folder for JSON, logs and plots (default: benchmarks/results in a checkout, "
+                        f"./{bench_command.SHIPPED_DEFAULT_OUT} with an installed package)")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     b.add_argument("--no-ray", action="store_true", help="skip the Ray Compiled Graph peer even if ray is installed")
     b.add_argument("--trace", action="store_true",
@@ -138,13 +131,10 @@ def main(argv: list[str] | None = None) -> int:
 
     args = parser.parse_args(argv)
     if args.command == "demo":
-        from engine.demo import main as demo_main
+        from tandem.demo import main as demo_main
 
         return demo_main(runs=args.runs, batch=args.batch)
     if args.command == "bench":
         return bench(args)
     return trace(args)
 
-
-if __name__ == "__main__":
-    sys.exit(main())

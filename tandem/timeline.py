@@ -41,9 +41,8 @@ class Lane:
 
 def load_trace(trace: str | os.PathLike[str] | dict[str, Any] | list[Any]) -> list[dict[str, Any]]:
     """The trace's events, from a path, a dict with "traceEvents", or a bare event list."""
-    if isinstance(trace, (str, os.PathLike)):
-        trace = json.loads(Path(trace).read_text())
-    return list(trace["traceEvents"] if isinstance(trace, dict) else trace)
+    data = json.loads(Path(trace).read_text()) if isinstance(trace, (str, os.PathLike)) else trace
+    return list(data["traceEvents"] if isinstance(data, dict) else data)
 
 
 def lanes(events: list[dict[str, Any]]) -> list[Lane]:

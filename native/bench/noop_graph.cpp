@@ -1,15 +1,22 @@
-#include "tandem/bench.hpp"
+#include "noop_graph.hpp"
 
 #include <chrono>
+#include <memory>
+#include <vector>
 
+#include "tandem/device.hpp"
+#include "tandem/engine.hpp"
 #include "tandem/errors.hpp"
 
-namespace tandem {
+namespace tandem::bench {
 
-GraphBenchResult bench_noop_graph(Engine& engine, const std::string& shape, uint64_t n) {
+GraphResult noop_graph(int workers, const std::string& shape, uint64_t n) {
   if (shape != "wide" && shape != "chain") throw InvalidArgument("shape must be 'wide' or 'chain', not '" + shape + "'");
+  if (n == 0) throw InvalidArgument("n must be at least 1");
+  // Scope-owned: the engine's destructor stops the pool, then the device's frees `buf`.
+  Engine engine(std::make_shared<Device>(0), workers);
   KernelPtr noop = engine.registry().get("noop");
-  BufferRef buf = engine.device()->alloc(64);
+  const BufferRef buf = engine.device()->alloc(64);
   std::vector<TensorArg> args;
   std::vector<int32_t> access;
   if (shape == "chain") {
@@ -25,7 +32,7 @@ GraphBenchResult bench_noop_graph(Engine& engine, const std::string& shape, uint
     args.push_back(a);
     access.push_back(TD_READWRITE);
   }
-  GraphBenchResult r;
+  GraphResult r;
   r.tasks = n;
   using clock = std::chrono::steady_clock;
   const PreparedCall call = Engine::prepare_call(noop, args, access, {});
@@ -36,12 +43,9 @@ GraphBenchResult bench_noop_graph(Engine& engine, const std::string& shape, uint
   engine.seal(*run);
   run->wait(-1);
   const auto t2 = clock::now();
-  engine.quiesce(buf.id);
-  engine.forget_allocation(buf.id);
-  engine.device()->free(buf);
   r.submit_seconds = std::chrono::duration<double>(t1 - t0).count();
   r.total_seconds = std::chrono::duration<double>(t2 - t0).count();
   return r;
 }
 
-}  // namespace tandem
+}  // namespace tandem::bench

@@ -1,4 +1,4 @@
-"""`tandem demo`: a small MLP prepared once, run at depth 1 and 2, checked against numpy."""
+"""`tandem demo`: the MLP prepared once, run at depth 1 and 2, checked against numpy."""
 
 from __future__ import annotations
 
@@ -9,24 +9,11 @@ from typing import Any
 import numpy as np
 
 import engine
-from engine import In, Out
-from engine import kernels as K
-
-D_IN, D_HIDDEN = 384, 1536
-
-
-@engine.program
-def mlp(run: engine.Run, x: In(("B", D_IN)), w1: In((D_IN, D_HIDDEN)), w2: In((D_HIDDEN, D_IN)),
-        y: Out(("B", D_IN))):
-    h = run.scratch(("B", D_HIDDEN), "float32")
-    # Row tiles: one per pool worker, so the device's cores share the work.
-    for xt, ht, yt in zip(run.split(x), run.split(h), run.split(y)):
-        run.submit(K.matmul, xt, w1, out=ht)
-        run.submit(K.gelu, ht, out=ht, approximate="tanh")
-        run.submit(K.matmul, ht, w2, out=yt)
+from tandem.programs import D_HIDDEN, D_IN, mlp, mlp_weights
 
 
 def reference(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
+    """The MLP in float64 numpy (tanh gelu), rounded to float32."""
     h = x.astype(np.float64) @ w1
     h = 0.5 * h * (1 + np.tanh(math.sqrt(2 / math.pi) * (h + 0.044715 * h ** 3)))
     return (h @ w2).astype(np.float32)
@@ -47,8 +34,7 @@ def measure(rt: engine.Runtime, batches: list[np.ndarray], w1: Any, w2: Any
 
 def main(runs: int = 200, batch: int = 32) -> int:
     rng = np.random.default_rng(0)
-    w1 = (rng.standard_normal((D_IN, D_HIDDEN)) / math.sqrt(D_IN)).astype(np.float32)
-    w2 = (rng.standard_normal((D_HIDDEN, D_IN)) / math.sqrt(D_HIDDEN)).astype(np.float32)
+    w1, w2 = mlp_weights(rng)
     batches = [rng.standard_normal((batch, D_IN)).astype(np.float32) for _ in range(runs)]
     print(f"tandem demo: MLP {D_IN}->{D_HIDDEN}->{D_IN}, batch {batch}, {runs} runs on the 'cpu' device")
     rates: dict[int, float] = {}

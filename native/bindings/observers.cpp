@@ -1,0 +1,80 @@
+// Bindings for the observers: tracing (TraceRecorder, a TaskObserver) and the
+// run log (RunLog, a RunObserver). Thin: argument conversion and GIL handling only.
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <memory>
+
+#include "bindings.hpp"
+#include "tandem/errors.hpp"
+#include "tandem/observer.hpp"
+#include "tandem/run_log.hpp"
+#include "tandem/trace_recorder.hpp"
+
+namespace py = pybind11;
+
+namespace tandem::bindings {
+
+void bind_observers(py::module_& m) {
+  // The base Engine.add_observer takes. Observers are native: one called per
+  // task on the workers cannot be a Python object (workers never take the GIL for it).
+  py::class_<TaskObserver, std::shared_ptr<TaskObserver>>(
+      m, "TaskObserver", "Told about every task an engine executes while attached (Engine.add_observer)");
+
+  py::class_<TraceRecorder, TaskObserver, std::shared_ptr<TraceRecorder>>(
+      m, "TraceRecorder", "A task observer that records each executed task until drained")
+      .def(py::init<>())
+      .def(
+          "drain",
+          [](TraceRecorder& r) {
+            std::vector<TraceEvent> events;
+            {
+              py::gil_scoped_release nogil;  // workers hold the recorder's lock while appending
+              events = r.drain();
+            }
+            py::list out;
+            for (const TraceEvent& ev : events) {
+              out.append(py::make_tuple(ev.run_id, ev.task_index, ev.worker, ev.start_ns, ev.end_ns, ev.kernel, ev.ok));
+            }
+            return out;
+          },
+          "(run_id, task_index, worker, start_ns, end_ns, kernel name, ok) of each task recorded since the last drain")
+      .def_property_readonly("dropped", &TraceRecorder::dropped, "events lost because memory ran out");
+
+  py::class_<RunLog, std::shared_ptr<RunLog>>(m, "RunLog",
+                                             "Timing records of launched runs, written by each run as it completes")
+      .def(py::init<size_t>(), py::arg("window"))
+      .def_property_readonly("window", &RunLog::window)
+      .def(
+          "record",
+          [](RunLog& log, int64_t dispatch_ns, int64_t admit_ns, int64_t launch_ns, int64_t sealed_ns,
+             int64_t first_start_ns, int64_t last_end_ns, int64_t done_ns, int32_t kind) {
+            if (kind < 0 || kind > 2) throw InvalidArgument("run kind must be 0 (completed), 1 (failed) or 2 (cancelled)");
+            log.record(RunTiming{dispatch_ns, admit_ns, launch_ns, sealed_ns, first_start_ns, last_end_ns, done_ns,
+                                 static_cast<RunKind>(kind)});
+          },
+          py::arg("dispatch_ns"), py::arg("admit_ns"), py::arg("launch_ns"), py::arg("sealed_ns"),
+          py::arg("first_start_ns"), py::arg("last_end_ns"), py::arg("done_ns"), py::arg("kind"),
+          "A record for a run that is not a native one (the distributed runtime's)")
+      .def(
+          "recent",
+          [](const RunLog& log) {
+            py::list out;
+            for (const RunTiming& t : log.recent()) {
+              out.append(py::make_tuple(t.dispatch_ns, t.admit_ns, t.launch_ns, t.sealed_ns, t.first_start_ns,
+                                        t.last_end_ns, t.done_ns, static_cast<int32_t>(t.kind)));
+            }
+            return out;
+          },
+          "(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first")
+      .def("launched", &RunLog::launched, "Counts a launched run that is not a native one (it records itself later)")
+      .def(
+          "counts",
+          [](const RunLog& log) {
+            const RunCounts c = log.counts();
+            return py::make_tuple(c.launched, c.completed, c.failed, c.cancelled);
+          },
+          "(launched, completed, failed, cancelled): every run so far, not only the window's");
+}
+
+}  // namespace tandem::bindings

@@ -1,0 +1,54 @@
+"""The programs the tooling runs: the demo's MLP and the overlap workload.
+
+`tandem demo` and `tandem trace mlp` run the MLP; `tandem trace overlap` and the
+overlap benchmark (benchmarks/overlap.py) run `spin`, so a trace shows exactly
+the work the benchmark measures.
+
+The parameters are annotated with engine specs (`In(...)`), which a type checker
+does not read as types: mypy reports `valid-type` for them, as for any program.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+import engine
+from engine import In, Out, Scalar
+from engine import kernels as K
+
+D_IN, D_HIDDEN = 384, 1536
+
+
+@engine.program
+def mlp(run: engine.Run, x: In(("B", D_IN)), w1: In((D_IN, D_HIDDEN)), w2: In((D_HIDDEN, D_IN)),
+        y: Out(("B", D_IN))) -> None:
+    h = run.scratch(("B", D_HIDDEN), "float32")
+    # Row tiles: one per pool worker, so the device's cores share the work.
+    for xt, ht, yt in zip(run.split(x), run.split(h), run.split(y)):
+        run.submit(K.matmul, xt, w1, out=ht)
+        run.submit(K.gelu, ht, out=ht, approximate="tanh")
+        run.submit(K.matmul, ht, w2, out=yt)
+
+
+def mlp_weights(rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    """(w1, w2) for `mlp`, scaled so activations stay near unit size."""
+    w1 = (rng.standard_normal((D_IN, D_HIDDEN)) / math.sqrt(D_IN)).astype(np.float32)
+    w2 = (rng.standard_normal((D_HIDDEN, D_IN)) / math.sqrt(D_HIDDEN)).astype(np.float32)
+    return w1, w2
+
+
+def python_work(seconds: float) -> None:
+    """Busy Python work for `seconds` (the GIL stays held, as real orchestration holds it)."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+@engine.program
+def spin(run: engine.Run, x: In((16,)), host_s: Scalar(float), device_ns: Scalar(int)) -> None:
+    """`host_s` seconds of Python orchestration, then one `spin` task of `device_ns` on the device."""
+    python_work(host_s)
+    run.submit(K.spin, ns=device_ns)
