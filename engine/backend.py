@@ -21,13 +21,13 @@ latest); admission then finds it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Mapping, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Mapping, Protocol, TypeVar, runtime_checkable
 
 if TYPE_CHECKING:
     from engine import _native
     from engine.binding import BoundCall
 
-__all__ = ["Backend", "CompletionSource", "Launched", "Lease", "RunState"]
+__all__ = ["Backend", "CompletionSource", "Launched", "Lease", "RunState", "RunT"]
 
 
 @runtime_checkable
@@ -50,12 +50,19 @@ class RunState(Protocol):
     def times(self) -> dict[str, int]:
         """Timestamps (ns) on the backend's clock: created, sealed, first_start, last_end, done; busy_ns."""
 
+    def outcome(self) -> tuple[Any, bool]:
+        """(failure or None, cancelled) of a completed run; failure is an exception or the backend's own
+        description of it (a native run's: task index, kernel, message)."""
+
+
+# A level's run state: the native run of one device, a distributed run's record, ...
+RunT = TypeVar("RunT", bound=RunState)
 
 # What admission hands out: the run's state, its id, and the slot it holds.
-Lease: TypeAlias = "tuple[RunState, int, int]"
+Lease = tuple[RunT, int, int]
 
 # What launching gives: the run's state, its id, and what finish() takes back.
-Launched: TypeAlias = "tuple[RunState, int, Any]"
+Launched = tuple[RunT, int, Any]
 
 
 @runtime_checkable
@@ -74,8 +81,8 @@ class CompletionSource(Protocol):
 
 
 @runtime_checkable
-class Backend(Protocol):
-    """A prepared runtime, as a scheduler drives it."""
+class Backend(Protocol[RunT]):
+    """A prepared runtime, as a scheduler drives it; RunT is the type of its runs' state."""
 
     @property
     def depth(self) -> int:
@@ -93,18 +100,18 @@ class Backend(Protocol):
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> "BoundCall":
         """Checks one call's arguments against the signature: TypeError / ValueError before admission."""
 
-    def try_admit(self, notify: bool) -> "Lease | None":
+    def try_admit(self, notify: bool) -> "Lease[RunT] | None":
         """A lease of a free slot for a new run, or None when every slot is held. Never blocks.
 
         The caller must pass the lease to launch() or abandon(). notify: the run
         announces its completion on completions(). Raises ClosedError once closed.
         """
 
-    def abandon(self, lease: "Lease") -> None:
+    def abandon(self, lease: "Lease[RunT]") -> None:
         """Gives back a lease that will not be launched: its slot frees, nothing reached the device."""
 
-    def launch(self, call: "BoundCall", lease: "Lease", dispatch_ns: int, log: "_native.RunLog | None",
-               launch_ns: int = 0) -> "Launched":
+    def launch(self, call: "BoundCall", lease: "Lease[RunT]", dispatch_ns: int, log: "_native.RunLog | None",
+               launch_ns: int = 0) -> "Launched[RunT]":
         """Stages the inputs, runs the orchestration and seals the run; the device may still be running it.
 
         dispatch_ns: when the caller asked for the run; log: where the run
@@ -113,7 +120,7 @@ class Backend(Protocol):
         lease is given back (the run is cancelled and its slot frees).
         """
 
-    def finish(self, run: RunState, run_id: int, payload: Any) -> tuple[Any, BaseException | None]:
+    def finish(self, run: RunT, run_id: int, payload: Any) -> tuple[Any, BaseException | None]:
         """A completed run's (result, error), its outputs written back into the caller's arrays.
 
         Called once per launched run, after it is done. Raises when writing

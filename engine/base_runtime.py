@@ -36,9 +36,10 @@ from __future__ import annotations
 
 import abc
 import threading
-from typing import TYPE_CHECKING, Any, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Mapping, TypeVar
 
 from engine import _native
+from engine.backend import CompletionSource, Launched, Lease, RunState, RunT
 from engine.binding import BoundCall, bind_call
 from engine.errors import ClosedError, KernelError, RunCancelledError
 from engine.handles import InFlight, RunHandle
@@ -46,12 +47,11 @@ from engine.memory import DeviceMemoryHandle
 from engine.validation import check_bounds, check_callbacks, check_positive_int
 
 if TYPE_CHECKING:
-    from engine.backend import CompletionSource, Launched, Lease, RunState
     from engine.program import ProgramBase
 
 __all__ = ["BaseRuntime", "finish_run", "HostSpan", "TaskEvent"]
 
-_R = TypeVar("_R", bound="BaseRuntime")
+_R = TypeVar("_R", bound="BaseRuntime[Any]")
 
 # (run_id, slot, name, start_ns, end_ns): name in admission / staging / orchestration
 HostSpan = tuple[int, int, str, int, int]
@@ -59,7 +59,7 @@ HostSpan = tuple[int, int, str, int, int]
 TaskEvent = tuple[int, int, int, int, int, str, bool]
 
 
-def finish_run(run: "RunState", run_id: int, payload: tuple[BoundCall, list[Any]]) -> tuple[Any, BaseException | None]:
+def finish_run(run: RunState, run_id: int, payload: tuple[BoundCall, list[Any]]) -> tuple[Any, BaseException | None]:
     """A completed run's (result, error), its non-contiguous outputs written back into the caller's arrays.
 
     payload: (the bound call, the run's outputs) as launch() gave them. The
@@ -68,7 +68,7 @@ def finish_run(run: "RunState", run_id: int, payload: tuple[BoundCall, list[Any]
     when a write-back fails (the caller's array is not writable any more).
     """
     call, outputs = payload
-    failure, cancelled = run.outcome()  # type: ignore[attr-defined]
+    failure, cancelled = run.outcome()
     if failure is not None:
         return None, failure if isinstance(failure, BaseException) else KernelError(run_id, *failure)
     if cancelled:
@@ -80,8 +80,11 @@ def finish_run(run: "RunState", run_id: int, payload: tuple[BoundCall, list[Any]
     return (None if not outputs else outputs[0] if len(outputs) == 1 else tuple(outputs)), None
 
 
-class BaseRuntime(DeviceMemoryHandle):
-    """A prepared program: call it, submit() to it, or wrap it in scheduler.AsyncRuntime."""
+class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
+    """A prepared program: call it, submit() to it, or wrap it in scheduler.AsyncRuntime.
+
+    RunT: the level's run state (engine.backend.RunState).
+    """
 
     def __init__(self, program: "ProgramBase", *, depth: int, bounds: Mapping[str, int] | None,
                  callbacks: Mapping[str, Any] | None) -> None:
@@ -107,17 +110,17 @@ class BaseRuntime(DeviceMemoryHandle):
         """The executors: pool workers on one device, chip workers in engine.distributed."""
 
     @abc.abstractmethod
-    def try_admit(self, notify: bool) -> "Lease | None": ...
+    def try_admit(self, notify: bool) -> Lease[RunT] | None: ...
 
     @abc.abstractmethod
-    def abandon(self, lease: "Lease") -> None: ...
+    def abandon(self, lease: Lease[RunT]) -> None: ...
 
     @abc.abstractmethod
-    def launch(self, call: BoundCall, lease: "Lease", dispatch_ns: int, log: "_native.RunLog | None",
-               launch_ns: int = 0) -> "Launched": ...
+    def launch(self, call: BoundCall, lease: Lease[RunT], dispatch_ns: int, log: "_native.RunLog | None",
+               launch_ns: int = 0) -> Launched[RunT]: ...
 
     @abc.abstractmethod
-    def completions(self) -> "CompletionSource": ...
+    def completions(self) -> CompletionSource: ...
 
     @abc.abstractmethod
     def now_ns(self) -> int:
@@ -170,7 +173,7 @@ class BaseRuntime(DeviceMemoryHandle):
             self._inflight[run_id] = inflight
         return RunHandle(inflight)
 
-    def _admit_blocking(self) -> "Lease":
+    def _admit_blocking(self) -> Lease[RunT]:
         """FIFO admission for threads: while no slot is free, finishes the oldest run in flight or waits."""
         with self._admit_lock:
             while True:

@@ -23,9 +23,14 @@ __all__ = ["BoundArg", "BoundCall", "Signature", "bind_call"]
 class Signature(Protocol):
     """What binding reads of a program."""
 
-    name: str
-    params: tuple[Param, ...]
-    param_names: frozenset[str]
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def params(self) -> tuple[Param, ...]: ...
+
+    @property
+    def param_names(self) -> frozenset[str]: ...
 
 _TooHardError = getattr(getattr(np, "exceptions", np), "TooHardError")  # numpy.exceptions from 1.25
 
@@ -164,6 +169,6 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
     if not np.may_share_memory(a, b):
         return False
     try:
-        return bool(np.shares_memory(a, b, max_work=100_000))
+        return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]  # numpy's stub: -1 or 0 only
     except _TooHardError:
         return True

@@ -22,7 +22,7 @@ class InFlight:
 
     __slots__ = ("rt", "run", "id", "payload", "_lock", "_finished", "_result", "_error")
 
-    def __init__(self, rt: "BaseRuntime", run: "RunState", run_id: int, payload: Any) -> None:
+    def __init__(self, rt: "BaseRuntime[Any]", run: "RunState", run_id: int, payload: Any) -> None:
         self.rt = rt
         self.run = run
         self.id = run_id

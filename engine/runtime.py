@@ -41,7 +41,7 @@ __all__ = ["Runtime", "RunHandle"]
 _PLANNING_BUFFER_SIZE = 1 << 62
 
 
-class Runtime(BaseRuntime):
+class Runtime(BaseRuntime["_native.Run"]):
     """A prepared program on the embedded `cpu` device. Call it, submit() to it, or wrap it in scheduler.AsyncRuntime."""
 
     def __init__(self, prog: Program, *, device: str = "cpu", workers: int | None = None, depth: int = 2,
@@ -130,7 +130,7 @@ class Runtime(BaseRuntime):
         """(native run, its id, its slot) of a begun run holding a free slot, or None when none is free."""
         if self._closing or self._closed:
             raise ClosedError("the runtime is closed")
-        assert self._engine is not None
+        assert self._engine is not None and self._slot_table is not None
         # Raises ClosedError once close() stopped admitting (it may have, since the check above).
         return self._engine.begin_run_leased(notify, self._slot_table)
 

@@ -107,7 +107,7 @@ _NEW, _OPEN, _CLOSING, _CLOSED = range(4)
 
 # Runtimes driven by an open AsyncRuntime: two pumps on one notifier would
 # steal each other's completions.
-_driven: "weakref.WeakSet[Backend]" = weakref.WeakSet()
+_driven: "weakref.WeakSet[Backend[Any]]" = weakref.WeakSet()
 
 
 class AsyncRuntime:
@@ -120,7 +120,7 @@ class AsyncRuntime:
     metrics_window: how many recent runs stats() percentiles cover.
     """
 
-    def __init__(self, runtime: Backend, *, orchestrate_in_thread: bool = False, close_runtime: bool = False,
+    def __init__(self, runtime: "Backend[Any]", *, orchestrate_in_thread: bool = False, close_runtime: bool = False,
                  metrics_window: int = 10_000) -> None:
         if not isinstance(runtime, Backend):
             raise TypeError(f"AsyncRuntime wraps a prepared runtime (from program.prepare(); any "
@@ -482,7 +482,7 @@ class AsyncRuntime:
 
     # -- introspection -------------------------------------------------------------------------------
     @property
-    def runtime(self) -> Backend:
+    def runtime(self) -> "Backend[Any]":
         """The runtime this drives (as passed in)."""
         return self._rt
 

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 __all__ = ["Orchestrator", "Registry", "NO_BOUNDS"]
 
 
-class _NoBounds(dict):  # type: ignore[type-arg]
+class _NoBounds(dict[str, int]):
     """Bounds during the planning pass: none yet (the pass measures them)."""
 
     def __missing__(self, key: str) -> int:

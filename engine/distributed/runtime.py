@@ -65,7 +65,7 @@ class _Signature:
     param_names: frozenset[str]
 
 
-class DistributedRuntime(BaseRuntime):
+class DistributedRuntime(BaseRuntime[RunRecord]):
     """A prepared distributed program. Call it, submit() to it, or wrap it in scheduler.AsyncRuntime.
 
     Its memory calls take worker_id= (default 0): resident tensors and

@@ -134,6 +134,7 @@ class ChipHost:
 
     def _attach(self, spec: RegionSpec) -> None:
         shm = SharedMemory(name=spec.name)
+        assert shm.buf is not None  # attached: mapped until closed
         addr = np.frombuffer(shm.buf, np.uint8).ctypes.data
         buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + spec.index, addr, spec.size)
         self._regions[spec.index] = (shm, Allocation(self, buf, "shared"))
