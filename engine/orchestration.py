@@ -57,6 +57,7 @@ class OrchestrationContext:
     """
 
     def __init__(self, dims: dict[str, int], arena: ScratchArena) -> None:
+        # A subclass made once per run may set these two itself instead of calling this.
         self.dims: dict[str, int] = dims
         self._arena = arena
 

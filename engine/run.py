@@ -119,7 +119,9 @@ class Run(OrchestrationContext):
 
     def __init__(self, port: "TaskPort", native: "_native.Run | None", dims: dict[str, int],
                  arena: ScratchArena) -> None:
-        super().__init__(dims, arena)
+        # OrchestrationContext's two fields set here: a Run is made per dispatch, and the call costs.
+        self.dims = dims
+        self._arena = arena
         self._port = port
         self._native = native  # None while planning at prepare()
 

@@ -184,9 +184,9 @@ class Runtime(BaseRuntime["_native.Run"]):
                 if spec.writes:
                     copy_backs.append((view, addr))
                 fn_args.append(view)
-            scratch = slot.scratch
-            run = Run(self._port, native, call.dims,
-                      ScratchArena(scratch, 0, scratch.size if scratch is not None else 0))
+            arena = slot.arena
+            arena.used = 0  # the slot's scratch, empty for this run
+            run = Run(self._port, native, call.dims, arena)
             t_staged = engine.now_ns() if spans is not None else 0
             self.program.invoke(run, fn_args)
             for view, addr in copy_backs:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from engine import _native
+from engine.orchestration import ScratchArena
 
 if TYPE_CHECKING:
     from engine.tensor import Allocation
@@ -42,3 +43,7 @@ class Slot:
     accessor: "_native.HostAccessor"
     # (parameter name, shape) -> (view of its buffer at that shape, buffer address): shapes repeat run after run.
     views: dict[tuple[str, tuple[int, ...]], tuple[Any, int]] = field(default_factory=dict)
+    arena: ScratchArena = field(init=False)  # the scratch of the run holding the slot: reset when one launches
+
+    def __post_init__(self) -> None:
+        self.arena = ScratchArena(self.scratch, 0, self.scratch.size if self.scratch is not None else 0)
