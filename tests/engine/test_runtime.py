@@ -11,6 +11,7 @@ import pytest
 
 import engine
 from engine import In, InOut, Out, Scalar
+from engine import kernels as K
 
 from .conftest import Gate, k_add, k_copy, k_scale
 
@@ -328,6 +329,100 @@ def test_handle_keeps_its_arguments_alive_until_the_run_is_released(gated):
     np.testing.assert_array_equal(h.result(10), np.arange(4) + 9)
     gc.collect()
     assert ref() is None, "the input is still referenced after the run was released"
+
+
+def test_run_times_are_ordered_on_one_engine_clock(prepared):
+    @engine.program
+    def spin_then_copy(run, x: In((4,)), y: Out((4,)), ns: Scalar(int)):
+        run.submit(K.spin, ns=ns)
+        run.submit(k_copy, x, out=y)
+
+    rt = prepared(spin_then_copy, workers=1, depth=2)
+    x = np.arange(4, dtype=np.float32)
+    first = rt.submit(x, ns=1_000_000)
+    np.testing.assert_array_equal(first.result(10), x)
+    t = first.times()
+    assert set(t) == {"created_ns", "sealed_ns", "first_start_ns", "last_end_ns", "done_ns", "busy_ns"}
+    assert 0 <= t["created_ns"] <= t["sealed_ns"] <= t["done_ns"]
+    assert t["created_ns"] <= t["first_start_ns"] <= t["last_end_ns"] <= t["done_ns"]
+    # One worker ran the tasks one after the other: their summed time, at least the spin's,
+    # fits within the span from the first start to the last end.
+    assert 1_000_000 <= t["busy_ns"] <= t["last_end_ns"] - t["first_start_ns"]
+    assert first.times() == t  # fixed once the run is done
+    # The same clock for every run: a run submitted after another completed was created after it.
+    second = rt.submit(x, ns=0)
+    second.result(10)
+    assert second.times()["created_ns"] >= t["done_ns"]
+
+
+@pytest.fixture
+def blocked_worker(prepared):
+    """(runtime, gate, calls): one pool worker; each run's first task waits at gate key
+    `key`, then a dependent and an independent host task record their calls."""
+    gate = Gate()
+    gk = gate.kernel()
+    calls = []
+
+    @engine.host_kernel
+    def record(a, out):
+        calls.append(a.copy())
+        out[...] = a + 1
+
+    @engine.program
+    def prog(run, x: In((4,)), y: Out((4,)), z: Out((4,)), key: Scalar(int)):
+        h = run.scratch((4,))
+        run.submit(gk, x, out=h, key=key)
+        run.submit(record, h, out=y)  # waits for the gate's output
+        run.submit(record, x, out=z)  # depends on nothing, but the only worker is at the gate
+
+    rt = prepared(prog, workers=1, depth=2)
+    yield rt, gate, calls
+    gate.open_all()
+
+
+def test_cancel_skips_the_tasks_that_have_not_started(blocked_worker):
+    rt, gate, calls = blocked_worker
+    x = np.arange(4, dtype=np.float32)
+    y, z = np.full(4, -7, np.float32), np.full(4, -7, np.float32)
+    h = rt.submit(x, y, z, key=1)
+    assert gate.wait_started(1)
+    assert h.cancel() is True
+    assert not h.done
+    gate.open(1)
+    with pytest.raises(engine.RunCancelledError):
+        h.result(10)
+    assert isinstance(h.exception(), engine.RunCancelledError)
+    assert calls == [], "a task that had not started when the run was cancelled ran"
+    assert (y == -7).all() and (z == -7).all(), "a cancelled run wrote its outputs back"
+    assert h.cancel() is False  # done: nothing left to cancel
+    assert rt.memory_stats()["free_slots"] == rt.depth
+    # The runtime carries on: the next run executes every task.
+    gate.open(2)
+    y2, z2 = rt(x, key=2)
+    np.testing.assert_array_equal(y2, x + 3)
+    np.testing.assert_array_equal(z2, x + 1)
+    assert len(calls) == 2
+
+
+def test_a_run_cancelled_before_any_task_started_has_no_device_times(blocked_worker):
+    rt, gate, calls = blocked_worker
+    x = np.arange(4, dtype=np.float32)
+    running = rt.submit(x, key=1)
+    assert gate.wait_started(1)
+    queued = rt.submit(x, key=2)  # admitted (depth 2), its tasks queued behind the gate
+    assert queued.times()["done_ns"] == -1
+    assert queued.cancel() is True
+    gate.open(1)
+    y, z = running.result(10)
+    np.testing.assert_array_equal(y, x + 2)
+    with pytest.raises(engine.RunCancelledError):
+        queued.result(10)
+    assert not gate.has_started(2)
+    assert len(calls) == 2  # the running run's two records, none of the cancelled one's
+    t = queued.times()
+    assert (t["first_start_ns"], t["last_end_ns"], t["busy_ns"]) == (-1, -1, 0)
+    assert t["created_ns"] <= t["sealed_ns"] <= t["done_ns"]
+    assert rt.memory_stats()["free_slots"] == rt.depth
 
 
 def test_runs_submitted_from_several_threads(prepared):

@@ -1,15 +1,22 @@
-"""The MiniLM embedding service over HTTP: uvicorn on 127.0.0.1 in a thread, httpx as the client."""
+"""The MiniLM embedding service over HTTP: uvicorn on 127.0.0.1 in a thread, httpx as the client;
+and `python -m examples.minilm` as a process of its own."""
 
 from __future__ import annotations
 
 import json
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import anyio
 import numpy as np
 import pytest
+
+import engine
 
 for _module in ("starlette", "uvicorn", "httpx", "tokenizers"):
     pytest.importorskip(_module, reason="needs the models extra: pip install '.[models]'")
@@ -145,3 +152,83 @@ def test_a_chunked_body_past_the_limit_is_refused_while_streaming(service):
     r = httpx.post(f"{service}/embed", content=iter(chunks), timeout=60)  # no content-length: chunked
     assert r.status_code == 413 and "exceeds the limit" in r.json()["error"]
     assert post(service, '{"texts": ["still serving"]}').status_code == 200
+
+
+async def _refused_dispatch(token_lists):
+    raise RuntimeError("the device is on fire")
+
+
+class _RunThatFails:
+    """A real run's future whose outcome is a kernel's failure, as a failing kernel's would be."""
+
+    def __init__(self, fut) -> None:
+        self._fut = fut
+
+    def __await__(self):
+        yield from self._fut.__await__()  # the run really executes on the engine ...
+        raise engine.KernelError(self._fut.run_id, 0, "matmul", "the kernel blew up")  # ... and fails
+
+
+def _failing_run(real_dispatch):
+    async def dispatch(token_lists):
+        return _RunThatFails(await real_dispatch(token_lists))
+
+    return dispatch
+
+
+@pytest.mark.parametrize("fail", ["dispatch", "run"])
+def test_an_encoder_failure_is_a_500_for_its_request_and_the_service_keeps_serving(service, minilm_encoder,
+                                                                                    monkeypatch, fail):
+    before = httpx.get(f"{service}/health", timeout=60).json()
+    broken = _refused_dispatch if fail == "dispatch" else _failing_run(minilm_encoder.dispatch)
+    monkeypatch.setattr(minilm_encoder, "dispatch", broken)  # the batcher looks it up per run
+    r = post(service, '{"texts": ["this one fails"]}')
+    assert r.status_code == 500, r.text
+    expected_message = "the device is on fire" if fail == "dispatch" else "(kernel 'matmul') failed"
+    assert r.json()["error"].startswith("embedding failed: ") and expected_message in r.json()["error"]
+    monkeypatch.undo()
+    ok = post(service, '{"texts": ["still serving"]}')
+    assert ok.status_code == 200 and len(ok.json()["embeddings"]) == 1
+    after = httpx.get(f"{service}/health", timeout=60).json()
+    assert after["requests"] - before["requests"] == (1 if fail == "dispatch" else 2)  # a refused run counts none
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_python_dash_m_serves_and_exits_cleanly_on_sigterm(expected):
+    port = _free_port()
+    root = Path(__file__).resolve().parents[2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "examples.minilm", "--port", str(port), "--workers", "1", "--max-batch", "8"],
+        cwd=root, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + STARTUP_S
+        while True:
+            assert proc.poll() is None, f"the service exited during startup:\n{proc.stdout.read()}"
+            assert time.monotonic() < deadline, "the service did not start serving"
+            try:
+                if httpx.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:  # not listening yet
+                time.sleep(0.1)
+        r = post(url, json.dumps({"texts": REFERENCE_TEXTS}))
+        assert r.status_code == 200, r.text
+        got = np.asarray(r.json()["embeddings"], np.float32)
+        assert got.shape == (len(REFERENCE_TEXTS), 384)
+        assert cosine(got, expected).min() >= 0.99999
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=STARTUP_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # Graceful: the lifespan closed the encoder and uvicorn finished. uvicorn (0.29 on) then
+    # re-raises the signal it caught, so the status is SIGTERM's, as for any program SIGTERM ends.
+    assert proc.returncode in (0, -signal.SIGTERM), out
+    assert "Application shutdown complete" in out and "Finished server process" in out, out
+    assert "Traceback" not in out and "ERROR" not in out, out

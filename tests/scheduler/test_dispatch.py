@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import anyio
 import numpy as np
 import pytest
@@ -238,6 +240,63 @@ async def test_one_async_runtime_per_runtime_and_entry_rules(make_rt):
         await again.call()
     with pytest.raises(TypeError):
         AsyncRuntime(object())  # type: ignore[arg-type]
+
+
+async def test_runtime_is_the_wrapped_runtime_before_during_and_after(gated_rt, make_rt):
+    rt, gate = gated_rt(depth=2)
+    art = AsyncRuntime(rt)
+    assert art.runtime is rt
+    async with art:
+        assert art.runtime is rt
+        fut = await art.dispatch(1.0)
+        free = art.runtime.memory_stats()["free_slots"]
+        gate.open()
+        assert free == rt.depth - 1  # the run held one of the wrapped runtime's slots
+        await fut
+    assert art.runtime is rt and not rt.closed  # left open for synchronous use
+    other = make_rt(noop)
+    assert AsyncRuntime(other).runtime is other
+
+
+async def test_done_callbacks_are_called_once_with_the_done_future_on_the_loop_thread(gated_rt):
+    rt, gate = gated_rt(depth=2)
+    async with AsyncRuntime(rt) as art:
+        loop_thread = threading.get_ident()
+        fut = await art.dispatch(4.0)
+        calls = []
+        fut.add_done_callback(lambda f: calls.append(("first", f, f.done(), threading.get_ident())))
+        fut.add_done_callback(lambda f: calls.append(("second", f, f.done(), threading.get_ident())))
+        await eventually(lambda: gate.entered == 1)
+        pending_calls = list(calls)
+        gate.open()  # before asserting: a failure with the worker held at the gate would hang the close
+        assert pending_calls == []
+        await eventually(fut.done, "the pump settles the future")  # nobody awaits it
+        assert calls == [("first", fut, True, loop_thread), ("second", fut, True, loop_thread)]
+        np.testing.assert_array_equal(fut.result(), filled(4.0))
+        np.testing.assert_array_equal(await fut, filled(4.0))
+        await art.call(5.0)
+        assert len(calls) == 2  # once each: awaiting and later completions call nothing again
+        late = []
+        fut.add_done_callback(late.append)
+        assert late == [fut]  # already done: called at once
+
+
+async def test_a_cancelled_future_calls_its_done_callbacks_once(gated_rt):
+    rt, gate = gated_rt(depth=2)
+    async with AsyncRuntime(rt) as art:
+        fut = await art.dispatch(6.0)
+        calls = []
+        fut.add_done_callback(lambda f: calls.append((f, f.cancelled())))
+        cancelled = fut.cancel()
+        gate.open()  # the loop has not turned since cancel(): only cancel() can have called back
+        assert cancelled and calls == [(fut, True)]
+        await art.drain()  # the device lets go of the run; finishing it calls nothing again
+        assert calls == [(fut, True)]
+        with pytest.raises(engine.RunCancelledError):
+            fut.result()
+        late = []
+        fut.add_done_callback(late.append)
+        assert late == [fut]
 
 
 def count_wakeups(art: AsyncRuntime) -> list[int]:
