@@ -10,7 +10,7 @@ from engine import _blas  # noqa: F401  (must precede _native: loads OpenBLAS)
 from engine import _native
 from engine import kernels
 from engine.dtypes import DType, bfloat16, float16, float32, int32, int64, uint8
-from engine.errors import ClosedError, DeviceMemoryError, KernelError, RunCancelledError
+from engine.errors import CaptureError, ClosedError, DeviceMemoryError, KernelError, RunCancelledError
 from engine.memory import DeviceMemoryHandle
 from engine.program import Program, program
 from engine.run import HostKernel, Run, host_kernel
@@ -22,7 +22,7 @@ from engine.tensor import DeviceBuffer, DeviceTensor
 __version__ = "0.1.0"
 
 __all__ = [
-    "ClosedError", "DType", "DeviceBuffer", "DeviceMemoryError", "DeviceMemoryHandle", "DeviceTensor",
+    "CaptureError", "ClosedError", "DType", "DeviceBuffer", "DeviceMemoryError", "DeviceMemoryHandle", "DeviceTensor",
     "HostKernel", "In", "InOut", "KernelError", "Out", "Program", "Run", "RunCancelledError", "RunHandle",
     "Runtime", "Scalar", "bfloat16", "float16", "float32", "host_kernel", "int32", "int64", "kernels",
     "program", "uint8",

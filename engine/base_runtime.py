@@ -47,6 +47,7 @@ from engine.memory import DeviceMemoryHandle
 from engine.validation import check_bounds, check_callbacks, check_positive_int
 
 if TYPE_CHECKING:
+    from engine.capture import Capture
     from engine.program import ProgramBase
 
 __all__ = ["BaseRuntime", "finish_run", "HostSpan", "TaskEvent"]
@@ -102,6 +103,7 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
         self._host_spans: list[HostSpan] | None = None  # while tracing
         self._slot_table: _native.SlotTable | None = None  # the lease state of the slots (set by the level)
         self._check_argument = self._check_tensor  # what binding checks a DeviceTensor argument with
+        self._capture: Capture | None = None  # recordings, when prepared with capture=True (engine.capture)
 
     # -- the level's part ------------------------------------------------------------------------
     @property
@@ -193,6 +195,15 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
         """Called once per registered run by InFlight.finish()."""
         with self._state_lock:
             self._inflight.pop(inflight.id, None)
+
+    def capture_stats(self) -> dict[str, int]:
+        """Captured runs: hits (replays), misses (runs recorded), entries, evictions, invalidations, limit.
+
+        All zero for a runtime prepared without capture=True.
+        """
+        if self._capture is None:
+            return {"hits": 0, "misses": 0, "entries": 0, "evictions": 0, "invalidations": 0, "limit": 0}
+        return self._capture.stats()
 
     # -- tracing ---------------------------------------------------------------------------------
     def set_tracing(self, on: bool) -> None:

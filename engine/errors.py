@@ -33,4 +33,8 @@ class RunCancelledError(RuntimeError):
     """The run was cancelled before it completed; its result was discarded."""
 
 
-__all__ = ["ClosedError", "DeviceMemoryError", "KernelError", "RunCancelledError"]
+class CaptureError(RuntimeError):
+    """A captured program did what a recording cannot replay faithfully (see engine.capture)."""
+
+
+__all__ = ["CaptureError", "ClosedError", "DeviceMemoryError", "KernelError", "RunCancelledError"]

@@ -7,6 +7,7 @@ OrchestrationContext; they differ in what they submit and where it runs.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 from engine.dtypes import DType, as_dtype
@@ -85,6 +86,11 @@ class OrchestrationContext:
                 if d not in self.dims:
                     raise ValueError(f"scratch: unknown symbol '{d}' (bound symbols: {sorted(self.dims)})")
                 d = self.dims[d]
+            if isinstance(d, bool) or not isinstance(d, int):
+                try:  # an int-like (a numpy int, a captured program's Scalar stand-in)
+                    d = operator.index(d) if not isinstance(d, bool) else d
+                except TypeError:
+                    pass
             if isinstance(d, bool) or not isinstance(d, int):
                 raise TypeError(f"scratch: dim {d!r} must be an int or a symbol name")
             if d <= 0:

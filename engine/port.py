@@ -33,7 +33,7 @@ class TaskPort:
     __slots__ = ("owner", "engine", "workers", "calls", "_kernels", "_callbacks", "_program", "_no_callbacks",
                  "_lock")
 
-    def __init__(self, owner: object | None, engine: "_native.Engine | None", workers: int, *,
+    def __init__(self, owner: object | None, engine: Any, workers: int, *,
                  program: str = "", callbacks: Mapping[str, tuple[int | None, "_native.Kernel"]] | None = None,
                  no_callbacks: str = "") -> None:
         self.owner = owner
@@ -82,6 +82,16 @@ class TaskPort:
         if arity is not None and arity != n_tensors:
             raise TypeError(f"run.host: callback '{name}' takes {arity} tensors, got {n_tensors}")
         return kernel
+
+    def recording(self, engine: Any) -> "TaskPort":
+        """This port with submissions going to `engine` (a recorder in front of the real one), its
+        kernels, kept calls and callbacks shared."""
+        port = TaskPort(self.owner, engine, self.workers, program=self._program, callbacks=self._callbacks,
+                        no_callbacks=self._no_callbacks)
+        port.calls = self.calls
+        port._kernels = self._kernels
+        port._lock = self._lock
+        return port
 
     def close(self) -> None:
         """Lets go of the engine and of everything kept (kept calls hold tensors, whose allocations hold

@@ -119,16 +119,21 @@ class Program(ProgramBase):
     def prepare(self, *, device: str = "cpu", workers: int | None = None, depth: int = 2,
                 bounds: Mapping[str, int] | None = None, callbacks: Mapping[str, Callable[..., Any]] | None = None,
                 memory_limit: int | None = None, scratch_bytes: int | None = None,
-                spin_us: int | None = None) -> "Runtime":
+                spin_us: int | None = None, capture: bool = False, capture_limit: int = 256) -> "Runtime":
         """Does all setup once (device, pool, `depth` slots) and returns a Runtime.
 
         spin_us: how long idle pool workers poll for work before sleeping
         (default 200; 0 when other processes compete for the cores).
+        capture: record the orchestration once per capture key and replay it
+        natively after (engine.capture says what a captured program may do);
+        capture_limit: how many recordings the runtime keeps (least recently
+        used dropped first).
         """
         from engine.runtime import Runtime
 
         return Runtime(self, device=device, workers=workers, depth=depth, bounds=bounds, callbacks=callbacks,
-                       memory_limit=memory_limit, scratch_bytes=scratch_bytes, spin_us=spin_us)
+                       memory_limit=memory_limit, scratch_bytes=scratch_bytes, spin_us=spin_us, capture=capture,
+                       capture_limit=capture_limit)
 
 
 def program(fn: Callable[..., Any] | None = None, *,

@@ -23,8 +23,9 @@ import numpy as np
 
 from engine import _native
 from engine.base_runtime import BaseRuntime, TaskEvent
+from engine.capture import Capture
 from engine.binding import BoundCall
-from engine.errors import ClosedError, DeviceMemoryError
+from engine.errors import CaptureError, ClosedError, DeviceMemoryError
 from engine.handles import RunHandle
 from engine.hostarrays import empty_like_kind
 from engine.orchestration import ScratchArena
@@ -34,7 +35,7 @@ from engine.run import Run
 from engine.slots import Slot
 from engine.specs import TensorSpec
 from engine.tensor import Allocation, DeviceTensor, contiguous_strides
-from engine.validation import check_optional
+from engine.validation import check_optional, check_positive_int
 
 __all__ = ["Runtime", "RunHandle"]
 
@@ -47,13 +48,16 @@ class Runtime(BaseRuntime["_native.Run"]):
     def __init__(self, prog: Program, *, device: str = "cpu", workers: int | None = None, depth: int = 2,
                  bounds: Mapping[str, int] | None = None, callbacks: Mapping[str, Callable[..., Any]] | None = None,
                  memory_limit: int | None = None, scratch_bytes: int | None = None,
-                 spin_us: int | None = None) -> None:
+                 spin_us: int | None = None, capture: bool = False, capture_limit: int = 256) -> None:
         super().__init__(prog, depth=depth, bounds=bounds, callbacks=callbacks)
         self.program: Program = prog
         if device != "cpu":
             raise ValueError(f"unknown device {device!r}: this build has the embedded 'cpu' device")
         check_optional(positive={"workers": workers, "memory_limit": memory_limit},
                        non_negative={"spin_us": spin_us, "scratch_bytes": scratch_bytes})
+        if not isinstance(capture, bool):
+            raise TypeError(f"capture must be True or False, not {type(capture).__name__}")
+        check_positive_int("capture_limit", capture_limit)
         self._device: _native.Device | None = None
         self._engine: _native.Engine | None = None
         self._trace: _native.TraceRecorder | None = None  # task events: attached while tracing, kept until drained
@@ -71,6 +75,8 @@ class Runtime(BaseRuntime["_native.Run"]):
             # The lease state lives natively: a run takes its slot when it begins and frees it when it completes.
             self._slot_table = _native.SlotTable([slot.accessor for slot in self._slots])
             self.scratch_bytes: int = scratch_bytes
+            if capture:
+                self._capture = Capture(prog, capture_limit)
         except BaseException:
             self._teardown()
             raise
@@ -155,10 +161,12 @@ class Runtime(BaseRuntime["_native.Run"]):
         spans = self._host_spans
         t_admitted = engine.now_ns() if spans is not None else 0
         acc = slot.accessor  # attached to the run at admission: closed when it completes
+        capture = self._capture
         outputs: list[Any] = []
         try:
             fn_args: list[Any] = []
             copy_backs: list[tuple[DeviceTensor, int]] = []  # (slot view, its buffer's device address)
+            device_args: list[tuple[int, DeviceTensor]] = []  # (parameter index, tensor), for the capture key
             for a in call.args:
                 spec = a.param.spec
                 if not isinstance(spec, TensorSpec):
@@ -166,6 +174,8 @@ class Runtime(BaseRuntime["_native.Run"]):
                     continue
                 value = a.value
                 if isinstance(value, DeviceTensor):
+                    if capture is not None:
+                        device_args.append((len(fn_args), value))
                     fn_args.append(value)
                     if spec.writes:
                         outputs.append(value)
@@ -184,11 +194,13 @@ class Runtime(BaseRuntime["_native.Run"]):
                 if spec.writes:
                     copy_backs.append((view, addr))
                 fn_args.append(view)
-            arena = slot.arena
-            arena.used = 0  # the slot's scratch, empty for this run
-            run = Run(self._port, native, call.dims, arena)
             t_staged = engine.now_ns() if spans is not None else 0
-            self.program.invoke(run, fn_args)
+            if capture is None:
+                arena = slot.arena
+                arena.used = 0  # the slot's scratch, empty for this run
+                self.program.invoke(Run(self._port, native, call.dims, arena), fn_args)
+            else:  # replayed natively, or orchestrated and recorded
+                capture.orchestrate(self._port, native, slot, call, fn_args, device_args)
             for view, addr in copy_backs:
                 engine.submit_copy_back(native, view._native_arg(), addr)
             engine.seal_logged(native, log, dispatch_ns, launch_ns)
@@ -227,6 +239,8 @@ class Runtime(BaseRuntime["_native.Run"]):
         port = getattr(self, "_port", None)
         if port is not None:
             port.close()
+        if self._capture is not None:
+            self._capture.clear()  # recordings hold tensors, whose allocations hold this runtime
         self._engine = None
         self._device = None
 
@@ -265,6 +279,9 @@ class Runtime(BaseRuntime["_native.Run"]):
 
     def _device_read(self, alloc: Allocation, offset: int, out: np.ndarray) -> None:
         assert self._device is not None
+        if self._capture is not None and getattr(self._capture.recording, "active", False):
+            raise CaptureError("a captured program cannot read device data in its orchestration: a replay would "
+                               "not read it again (prepare without capture=True)")
         self._device.copy_d2h(out, alloc.buf, offset)
 
     def _quiesce(self, alloc: Allocation) -> None:

@@ -7,6 +7,7 @@ allocation; the allocation records who owns it and whether it is still live.
 
 from __future__ import annotations
 
+import operator
 from typing import Any, Sequence
 
 import numpy as np
@@ -185,8 +186,8 @@ class DeviceTensor:
                 offset += start * stride * item
                 shape.append(n)
                 strides.append(stride * step)
-            elif isinstance(k, (int, np.integer)) and not isinstance(k, bool):
-                i = int(k)
+            elif not isinstance(k, bool) and hasattr(type(k), "__index__"):  # ints, numpy ints, int-likes
+                i = operator.index(k)
                 if not -dim <= i < dim:
                     raise IndexError(f"index {i} out of range for axis {axis} of size {dim}")
                 offset += (i % dim) * stride * item
@@ -200,7 +201,8 @@ class DeviceTensor:
 
     def reshape(self, *shape: int | Sequence[int]) -> "DeviceTensor":
         dims: Sequence[Any] = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape
-        dims = list(dims)
+        dims = [operator.index(d) if not isinstance(d, (bool, int)) and hasattr(type(d), "__index__") else d
+                for d in dims]
         if dims.count(-1) > 1:
             raise ValueError("reshape: at most one -1")
         if -1 in dims:

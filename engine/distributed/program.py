@@ -86,7 +86,8 @@ class DistributedProgram(ProgramBase):
     def prepare(self, *, workers: int, depth: int = 2, bounds: Mapping[str, int] | None = None,
                 callbacks: Mapping[str, Callable[..., Any]] | None = None, worker_threads: int | None = None,
                 memory_limit: int | None = None, scratch_bytes: int | None = None, start_method: str = "spawn",
-                startup_timeout: float = 60.0, transport: "Transport | None" = None) -> "DistributedRuntime":
+                startup_timeout: float = 60.0, transport: "Transport | None" = None,
+                capture: bool = False) -> "DistributedRuntime":
         """Starts `workers` chip-worker processes once, registers every sub-program, returns the runtime.
 
         worker_threads: pool threads per worker (default: the cores divided
@@ -98,8 +99,16 @@ class DistributedProgram(ProgramBase):
         processes started with start_method). A failure at any
         point of setup stops every process already started, removes the
         shared memory and re-raises the original error.
+
+        capture=True is refused: a distributed run's orchestration is not
+        recorded (its sub-programs may be prepared with capture on the
+        workers' side in a later version); ValueError before anything starts.
         """
         from engine.distributed.runtime import DistributedRuntime
+
+        if capture:
+            raise ValueError(f"{self.name}: engine.distributed does not capture orchestration (capture=True is for "
+                             "single-device programs); prepare without it")
 
         return DistributedRuntime(self, workers=workers, depth=depth, bounds=bounds, callbacks=callbacks,
                                   worker_threads=worker_threads, memory_limit=memory_limit,

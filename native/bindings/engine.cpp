@@ -10,6 +10,7 @@
 
 #include "bindings.hpp"
 #include "interruptible.hpp"
+#include "tandem/capture.hpp"
 #include "tandem/engine.hpp"
 #include "tandem/errors.hpp"
 #include "tandem/run_log.hpp"
@@ -151,7 +152,26 @@ void bind_engine(py::module_& m) {
   py::class_<PreparedCall, std::shared_ptr<PreparedCall>>(m, "PreparedCall",
                                                          "A kernel call checked once (Engine.prepare_call)")
       .def_property_readonly("kernel", [](const PreparedCall& c) { return std::const_pointer_cast<Kernel>(c.kernel); })
-      .def_property_readonly("tensor_count", [](const PreparedCall& c) { return c.tensors.size(); });
+      .def_property_readonly("tensor_count", [](const PreparedCall& c) { return c.tensors.size(); })
+      .def_property_readonly("tensors", [](const PreparedCall& c) { return c.tensors; },
+                             "its tensor arguments (copies), in the kernel's order")
+      .def_property_readonly("access", [](const PreparedCall& c) { return c.access; });
+
+  py::class_<Recording, std::shared_ptr<Recording>>(m, "Recording",
+                                                   "The tasks of one run, relative to the bases they touched")
+      .def(py::init<>())
+      .def(
+          "add",
+          [](Recording& r, const PreparedCall& call, const std::vector<std::tuple<uint32_t, uintptr_t, uint64_t>>& refs) {
+            std::vector<RecordedRef> out;
+            out.reserve(refs.size());
+            for (const auto& [base, addr, origin] : refs) out.push_back(RecordedRef{base, addr, origin});
+            r.add(call, out);
+          },
+          py::arg("call"), py::arg("refs"),
+          "Appends a submitted call; refs: (base index, the base's address, its origin) per tensor argument")
+      .def_property_readonly("task_count", &Recording::size)
+      .def_property_readonly("base_count", &Recording::base_count);
 
   py::class_<Run, std::shared_ptr<Run>>(m, "Run", "One run: a group of tasks completing together")
       .def_property_readonly("id", &Run::id)
@@ -252,6 +272,26 @@ void bind_engine(py::module_& m) {
           py::arg("kernel"), py::arg("tensors"), py::arg("access"), py::arg("scalars") = py::tuple(),
           "The call checked and converted once, for submit_prepared")
       .def("submit_prepared", &Engine::submit_prepared, py::arg("run"), py::arg("call"))
+      .def(
+          "replay",
+          [](Engine& e, Run& run, const Recording& recording,
+             const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>>& bases, const py::sequence& patches) {
+            std::vector<ReplayBase> b;
+            b.reserve(bases.size());
+            for (const auto& [addr, alloc_id, origin] : bases) b.push_back(ReplayBase{addr, alloc_id, origin});
+            std::vector<ScalarPatch> p;
+            p.reserve(patches.size());
+            for (const auto& item : patches) {
+              auto pair = item.cast<py::tuple>();
+              if (pair.size() != 2) throw InvalidArgument("replay: a patch is (task index, scalars)");
+              p.push_back(ScalarPatch{pair[0].cast<uint32_t>(), to_scalars(pair[1].cast<py::sequence>())});
+            }
+            py::gil_scoped_release nogil;
+            e.replay(run, recording, b, p);
+          },
+          py::arg("run"), py::arg("recording"), py::arg("bases"), py::arg("patches") = py::tuple(),
+          "Enters a recording's tasks into the run, moved to bases: (address, alloc id, origin) per base; "
+          "patches: (task index, scalars) for tasks whose scalars differ from the recording's")
       .def("submit_copy_back", &Engine::submit_copy_back, py::arg("run"), py::arg("arg"), py::arg("device_base"))
       .def("seal", &Engine::seal, py::arg("run"))
       .def(

@@ -1,5 +1,7 @@
 #include "tandem/engine.hpp"
 
+#include "tandem/capture.hpp"
+
 #include <algorithm>
 #include <iterator>
 #include <string_view>
@@ -136,6 +138,71 @@ void Engine::submit_prepared(Run& run, const PreparedCall& call) {
   }
   tasks_submitted_.fetch_add(1, std::memory_order_relaxed);
   if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);
+}
+
+void Engine::replay(Run& run, const Recording& recording, const std::vector<ReplayBase>& bases,
+                    const std::vector<ScalarPatch>& patches) {
+  const std::vector<Recording::Task>& recorded = recording.tasks();
+  if (bases.size() < recording.base_count()) {
+    throw InvalidArgument("replay: the recording names " + std::to_string(recording.base_count()) + " bases, got " +
+                          std::to_string(bases.size()));
+  }
+  std::vector<const std::vector<td_scalar>*> scalars(recorded.size(), nullptr);
+  for (const ScalarPatch& p : patches) {
+    if (p.task >= recorded.size() || p.scalars.size() != recorded[p.task].scalars.size()) {
+      throw InvalidArgument("replay: a scalar patch does not fit task " + std::to_string(p.task));
+    }
+    scalars[p.task] = &p.scalars;
+  }
+  // Every task is built before any enters the graph: a failure leaves the run untouched.
+  std::vector<std::unique_ptr<Task>> built;
+  built.reserve(recorded.size());
+  for (size_t i = 0; i < recorded.size(); ++i) {
+    const Recording::Task& rt = recorded[i];
+    auto task = std::make_unique<Task>();
+    task->tensors.resize(rt.args.size());
+    for (size_t j = 0; j < rt.args.size(); ++j) {
+      const Recording::Arg& a = rt.args[j];
+      td_tensor v = a.view;
+      v.data = reinterpret_cast<void*>(bases[a.base].addr + static_cast<uintptr_t>(a.data_offset));
+      task->tensors[j] = v;
+    }
+    task->scalars = scalars[i] != nullptr ? *scalars[i] : rt.scalars;
+    task->kernel = rt.kernel;
+    task->run = &run;
+    task->run_id = run.id();
+    built.push_back(std::move(task));
+  }
+  std::vector<Task*> ready;
+  ready.reserve(built.size());
+  {
+    std::lock_guard<std::mutex> lock(submit_mu_);
+    if (closed()) throw ClosedError("the engine is closed");
+    if (run.sealed()) throw InvalidArgument("run " + std::to_string(run.id()) + " is sealed: no more tasks");
+    for (size_t i = 0; i < built.size(); ++i) {
+      Task* t = built[i].get();
+      t->index = run.n_tasks_++;
+      run.outstanding_.fetch_add(1, std::memory_order_relaxed);
+      for (const Recording::Arg& a : recorded[i].args) {
+        const ReplayBase& b = bases[a.base];
+        if (b.alloc_id != 0 && a.end > a.begin) {
+          tracker_.access(t, b.alloc_id, b.origin + a.begin, b.origin + a.end, a.view.access);
+        }
+      }
+    }
+    submits_since_compact_ += built.size();
+    if (submits_since_compact_ >= kCompactEvery) {
+      submits_since_compact_ = 0;
+      tracker_.compact();
+    }
+  }
+  tasks_submitted_.fetch_add(built.size(), std::memory_order_relaxed);
+  // The graph owns the tasks now; each starts once its submission guard and dependencies are gone.
+  for (auto& task : built) {
+    Task* t = task.release();
+    if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) ready.push_back(t);
+  }
+  if (!ready.empty()) pool_->push(ready);
 }
 
 void Engine::submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base) {

@@ -21,6 +21,10 @@
 
 namespace tandem {
 
+class Recording;
+struct ReplayBase;
+struct ScalarPatch;
+
 struct EngineStats {
   uint64_t tasks_submitted = 0;
   uint64_t tasks_executed = 0;
@@ -80,6 +84,14 @@ class Engine final : public TaskRunner {
   static PreparedCall prepare_call(KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
                                    std::vector<td_scalar> scalars);
   void submit_prepared(Run& run, const PreparedCall& call);
+  // Enters every task of `recording` into the run, in order, with its tensor
+  // arguments moved to `bases` (at least as many as the recording names) and the
+  // scalars of the patched tasks replaced: the work of one orchestration in
+  // one call, under one lock. Dependencies are tracked as for submit. Throws
+  // InvalidArgument (before entering anything) for mismatched bases or
+  // patches, and as submit for a closed engine or a sealed run.
+  void replay(Run& run, const Recording& recording, const std::vector<ReplayBase>& bases,
+              const std::vector<ScalarPatch>& patches);
   // A task that copies a region of the run's accessor back to its host view,
   // ordered after every earlier writer of `arg`'s bytes.
   void submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base);
