@@ -206,6 +206,10 @@ class Recording:
     def __init__(self) -> None: ...
     def add(self, call: PreparedCall, refs: Sequence[tuple[SupportsIndex, SupportsIndex, SupportsIndex]]) -> None:
         """Appends a submitted call; refs: (base index, the base's address, its origin) per tensor argument."""
+    def seal(self, private_bases: Sequence[SupportsIndex]) -> None:
+        """Ends the recording; the dependencies through private bases are computed once, here"""
+    @property
+    def sealed(self) -> bool: ...
     @property
     def task_count(self) -> int: ...
     @property
@@ -276,9 +280,16 @@ class Engine:
         kernel: Kernel, tensors: Sequence[TensorArg], access: Sequence[SupportsIndex], scalars: Sequence[int | float] = ()
     ) -> PreparedCall: ...
     def submit_prepared(self, run: Run, call: PreparedCall) -> None: ...
-    def replay(self, run: Run, recording: Recording, bases: Sequence[tuple[SupportsIndex, SupportsIndex, SupportsIndex]],
-               patches: Sequence[tuple[SupportsIndex, Sequence[int | float]]] = ()) -> None:
-        """Enters a recording's tasks into the run, moved to bases; patches replace some tasks' scalars."""
+    def replay(
+        self,
+        run: Run,
+        recording: Recording,
+        bases: Sequence[tuple[SupportsIndex, SupportsIndex, SupportsIndex]],
+        patches: Sequence[tuple[SupportsIndex, Sequence[int | float]]] = (),
+        copy_backs: Sequence[tuple[SupportsIndex, SupportsIndex]] = (),
+    ) -> None:
+        """Enters a sealed recording's tasks into the run, moved to bases; patches replace some tasks' scalars;
+        copy_backs: (private base, its slot buffer's address) per output to copy back after."""
     def submit_copy_back(self, run: Run, arg: TensorArg, device_base: SupportsIndex) -> None: ...
     def seal(self, run: Run) -> None: ...
     def seal_logged(self, run: Run, log: RunLog | None, dispatch_ns: SupportsIndex, launch_ns: SupportsIndex = 0) -> None: ...

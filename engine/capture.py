@@ -71,6 +71,7 @@ if TYPE_CHECKING:
 __all__ = ["Capture", "ScalarStandIn"]
 
 Base = tuple[int, int, int]  # (address, allocation id, origin) of one replay base
+_NO_PATCHES: list[tuple[int, list[Any]]] = []  # read only: shared by the replays that patch nothing
 
 
 # -- Scalar stand-ins ------------------------------------------------------------------------------
@@ -232,9 +233,10 @@ class Recorded:
 class Recorder:
     """Records one run's submissions as they are made, each tensor argument relative to its base."""
 
-    def __init__(self, owner: Any, regions: list[tuple[int, int, int, int, int]], first_abs: int,
-                 reads: set[int]) -> None:
+    def __init__(self, owner: Any, regions: list[tuple[int, int, int, int, int]], private: list[int],
+                 first_abs: int, reads: set[int]) -> None:
         self._owner = owner
+        self._private = private  # the bases of this run's slot: its buffers for host arguments, its scratch
         # allocation id -> [(base, base address, origin, end of the base's range)]
         self._regions: dict[int, list[tuple[int, int, int, int]]] = {}
         for base, alloc_id, addr, origin, end in regions:
@@ -282,6 +284,7 @@ class Recorder:
 
     def finish(self) -> Recorded:
         self.closed = True
+        self.native.seal(self._private)
         for site in self.sites:  # a parameter read anywhere is in the key: its value is baked in
             site.sources = {name: p for name, p in site.sources.items() if p not in self.reads}
         return Recorded(self.native, self._abs_allocs, [s for s in self.sites if s.sources])
@@ -359,6 +362,7 @@ class Capture:
                                                          if isinstance(p.spec, TensorSpec))}
         self._scratch_base = len(self._tensor_base)
         self._scalar_params = [i for i, p in enumerate(program.params) if isinstance(p.spec, Scalar)]
+        self._symbols = program.symbols
         self._slot_bases: dict[int, list[Base]] = {}
         self.recording = threading.local()  # .active: a recording orchestrates on this thread
         self.hits = self.misses = self.evictions = self.invalidations = 0
@@ -376,21 +380,46 @@ class Capture:
 
     # -- one run -----------------------------------------------------------------------------------
     def orchestrate(self, port: TaskPort, native: "_native.Run", slot: "Slot", call: "BoundCall",
-                    fn_args: list[Any], device_args: list[tuple[int, DeviceTensor]]) -> None:
-        """Replays this run's key if it was recorded, else runs the function and records it."""
-        base_key = (tuple(call.dims[s] for s in self._program.symbols), _device_layout(device_args))
-        values = [a.value for a in call.args]
-        found, force = self._find(base_key, values)
+                    fn_args: list[Any], device_args: list[tuple[int, DeviceTensor]],
+                    copy_backs: list[tuple[int, int]]) -> bool:
+        """Replays this run's key if it was recorded (True: the copy backs too, given as (parameter
+        index, slot buffer address)), else runs the function and records it (False: the caller submits
+        the copy backs)."""
+        dims = call.dims
+        base_key = (tuple([dims[s] for s in self._symbols]), _device_layout(device_args) if device_args else ())
+        found = self._find_plain(base_key)
+        force: set[int] = set()
+        if found is None:
+            found, force = self._find(base_key, [a.value for a in call.args])
         engine = port.engine
         assert engine is not None
         if found is not None:
             recorded, patches = found
             bases = self._bases(slot, device_args)
             bases.extend(recorded.abs_bases)
-            engine.replay(native, recorded.native, bases, patches)
-            return
+            tensor_base = self._tensor_base
+            engine.replay(native, recorded.native, bases, patches,
+                          [(tensor_base[i], addr) for i, addr in copy_backs])
+            return True
+        values = [a.value for a in call.args]
         recorded, reads = self._record(port, native, slot, call, fn_args, device_args, force)
         self._store(base_key, reads, tuple(_key_value(values[i]) for i in reads), recorded)
+        return False
+
+    def _find_plain(self, base_key: tuple[Any, ...]) -> tuple[Recorded, list[tuple[int, list[Any]]]] | None:
+        """The common case at once: a key whose recording read no Scalar and passes none through."""
+        read_sets = self._read_sets.get(base_key)
+        if read_sets is None or len(read_sets) != 1 or () not in read_sets:
+            return None
+        key = (base_key, (), ())
+        entry = self._table.get(key)
+        if entry is None or entry.sites or (entry.abs_allocs and not entry.live()):
+            return None
+        with self._lock:
+            if key in self._table:
+                self._table.move_to_end(key)
+            self.hits += 1
+        return entry, _NO_PATCHES
 
     def _find(self, base_key: tuple[Any, ...], values: list[Any]
               ) -> tuple[tuple[Recorded, list[tuple[int, list[Any]]]] | None, set[int]]:
@@ -428,6 +457,7 @@ class Capture:
     def _record(self, port: TaskPort, native: "_native.Run", slot: "Slot", call: "BoundCall", fn_args: list[Any],
                 device_args: list[tuple[int, DeviceTensor]], force: set[int]) -> tuple[Recorded, tuple[int, ...]]:
         regions: list[tuple[int, int, int, int, int]] = []  # (base, alloc id, base address, origin, end)
+        private = [self._scratch_base]
         devices = dict(device_args)
         for i, base in self._tensor_base.items():
             t = devices.get(i)
@@ -437,9 +467,10 @@ class Capture:
             else:
                 buf = slot.buffers[self._program.params[i].name]
                 regions.append((base, buf.id, buf.addr, 0, buf.size))
+                private.append(base)
         if slot.scratch is not None:
             regions.append((self._scratch_base, slot.scratch.id, slot.scratch.addr, 0, slot.scratch.size))
-        recorder = Recorder(port.owner, regions, self._scratch_base + 1, force)
+        recorder = Recorder(port.owner, regions, private, self._scratch_base + 1, force)
         args = list(fn_args)
         for i in self._scalar_params:
             p = self._program.params[i]

@@ -165,7 +165,7 @@ class Runtime(BaseRuntime["_native.Run"]):
         outputs: list[Any] = []
         try:
             fn_args: list[Any] = []
-            copy_backs: list[tuple[DeviceTensor, int]] = []  # (slot view, its buffer's device address)
+            copy_backs: list[tuple[int, DeviceTensor, int]] = []  # (parameter index, slot view, buffer address)
             device_args: list[tuple[int, DeviceTensor]] = []  # (parameter index, tensor), for the capture key
             for a in call.args:
                 spec = a.param.spec
@@ -192,17 +192,20 @@ class Runtime(BaseRuntime["_native.Run"]):
                 if spec.reads:
                     acc.stage_in(addr)
                 if spec.writes:
-                    copy_backs.append((view, addr))
+                    copy_backs.append((len(fn_args), view, addr))
                 fn_args.append(view)
             t_staged = engine.now_ns() if spans is not None else 0
             if capture is None:
                 arena = slot.arena
                 arena.used = 0  # the slot's scratch, empty for this run
                 self.program.invoke(Run(self._port, native, call.dims, arena), fn_args)
-            else:  # replayed natively, or orchestrated and recorded
-                capture.orchestrate(self._port, native, slot, call, fn_args, device_args)
-            for view, addr in copy_backs:
-                engine.submit_copy_back(native, view._native_arg(), addr)
+                replayed = False
+            else:  # replayed natively (its copy backs with it), or orchestrated and recorded
+                replayed = capture.orchestrate(self._port, native, slot, call, fn_args, device_args,
+                                               [(i, addr) for i, _, addr in copy_backs])
+            if not replayed:
+                for _, view, addr in copy_backs:
+                    engine.submit_copy_back(native, view._native_arg(), addr)
             engine.seal_logged(native, log, dispatch_ns, launch_ns)
             if spans is not None:
                 self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, engine.now_ns())

@@ -41,16 +41,21 @@ class Decoder:
     orchestration with step N's device work; 1 does not).
     workers: device worker threads. One step is a chain of dependent kernels,
     so more workers mostly add idle spinning on small machines.
+    capture: record each step's orchestration once per (position, length) and
+    replay it natively after (engine.capture): a decode step then costs the
+    host no Python orchestration. Enough recordings are kept for every
+    position of one sequence and its prefills.
     """
 
     def __init__(self, config: DecoderConfig | None = None, weights: dict[str, np.ndarray] | None = None, *,
-                 seed: int = 0, depth: int = 2, workers: int | None = 1) -> None:
+                 seed: int = 0, depth: int = 2, workers: int | None = 1, capture: bool = True) -> None:
         self.config = cfg = config or DecoderConfig()
         self.weights = weights if weights is not None else init_weights(cfg, seed)
         layout = ParamLayout(cfg)
         packed = layout.pack(self.weights)
         self.program = build_step_program(cfg)
-        self.runtime = self.program.prepare(depth=depth, workers=workers, bounds={"S": cfg.max_len})
+        self.runtime = self.program.prepare(depth=depth, workers=workers, bounds={"S": cfg.max_len},
+                                            capture=capture, capture_limit=2 * cfg.max_len + 64)
         try:
             self._params = self.runtime.alloc_tensor((layout.size,), "float32", init=packed)
             kv_shape = (cfg.n_layers, 2, cfg.n_heads, cfg.max_len, cfg.head_dim)

@@ -210,10 +210,13 @@ class MiniLMEncoder:
     max_batch and max_seq_length bound the symbolic dims B and S (they size each
     pipeline slot's buffers). Longer texts are truncated to max_seq_length tokens,
     as sentence-transformers does; the default is the model's own (256).
+    capture: record the orchestration once per (B, S) and replay it natively
+    after (engine.capture); capture_limit recordings are kept.
     """
 
     def __init__(self, model_dir: str | Path | None = None, *, max_batch: int = 32,
-                 max_seq_length: int | None = None, workers: int | None = None, depth: int = 2) -> None:
+                 max_seq_length: int | None = None, workers: int | None = None, depth: int = 2,
+                 capture: bool = True, capture_limit: int = 64) -> None:
         self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
         self.config = load_config(self.model_dir)
         if max_seq_length is None:
@@ -230,7 +233,8 @@ class MiniLMEncoder:
         self.layout = packed.layout
         self.program = build_program(self.config, packed.layout)
         self.runtime = self.program.prepare(workers=workers, depth=depth,
-                                            bounds={"B": max_batch, "S": max_seq_length})
+                                            bounds={"B": max_batch, "S": max_seq_length}, capture=capture,
+                                            capture_limit=capture_limit)
         try:
             self.params = self.runtime.alloc_tensor((packed.layout.size,), "float32", init=packed.flat)
         except BaseException:

@@ -170,6 +170,9 @@ void bind_engine(py::module_& m) {
           },
           py::arg("call"), py::arg("refs"),
           "Appends a submitted call; refs: (base index, the base's address, its origin) per tensor argument")
+      .def("seal", &Recording::seal, py::arg("private_bases"),
+           "Ends the recording; the dependencies through private bases are computed once, here")
+      .def_property_readonly("sealed", &Recording::sealed)
       .def_property_readonly("task_count", &Recording::size)
       .def_property_readonly("base_count", &Recording::base_count);
 
@@ -274,8 +277,9 @@ void bind_engine(py::module_& m) {
       .def("submit_prepared", &Engine::submit_prepared, py::arg("run"), py::arg("call"))
       .def(
           "replay",
-          [](Engine& e, Run& run, const Recording& recording,
-             const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>>& bases, const py::sequence& patches) {
+          [](Engine& e, Run& run, const std::shared_ptr<Recording>& recording,
+             const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>>& bases, const py::sequence& patches,
+             const std::vector<std::tuple<uint32_t, uintptr_t>>& copy_backs) {
             std::vector<ReplayBase> b;
             b.reserve(bases.size());
             for (const auto& [addr, alloc_id, origin] : bases) b.push_back(ReplayBase{addr, alloc_id, origin});
@@ -286,12 +290,17 @@ void bind_engine(py::module_& m) {
               if (pair.size() != 2) throw InvalidArgument("replay: a patch is (task index, scalars)");
               p.push_back(ScalarPatch{pair[0].cast<uint32_t>(), to_scalars(pair[1].cast<py::sequence>())});
             }
+            std::vector<ReplayCopyBack> c;
+            c.reserve(copy_backs.size());
+            for (const auto& [base, device_base] : copy_backs) c.push_back(ReplayCopyBack{base, device_base});
             py::gil_scoped_release nogil;
-            e.replay(run, recording, b, p);
+            e.replay(run, recording, b, p, c);
           },
           py::arg("run"), py::arg("recording"), py::arg("bases"), py::arg("patches") = py::tuple(),
-          "Enters a recording's tasks into the run, moved to bases: (address, alloc id, origin) per base; "
-          "patches: (task index, scalars) for tasks whose scalars differ from the recording's")
+          py::arg("copy_backs") = py::tuple(),
+          "Enters a sealed recording's tasks into the run, moved to bases: (address, alloc id, origin) per base; "
+          "patches: (task index, scalars) for tasks whose scalars differ from the recording's; copy_backs: "
+          "(private base, its slot buffer's address) per output to copy back after")
       .def("submit_copy_back", &Engine::submit_copy_back, py::arg("run"), py::arg("arg"), py::arg("device_base"))
       .def("seal", &Engine::seal, py::arg("run"))
       .def(

@@ -114,6 +114,7 @@ void Engine::submit_prepared(Run& run, const PreparedCall& call) {
   }
   task->scalars = call.scalars;
   task->kernel = call.kernel;
+  task->own_arguments();
   task->run = &run;
   task->run_id = run.id();
 
@@ -140,11 +141,14 @@ void Engine::submit_prepared(Run& run, const PreparedCall& call) {
   if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);
 }
 
-void Engine::replay(Run& run, const Recording& recording, const std::vector<ReplayBase>& bases,
-                    const std::vector<ScalarPatch>& patches) {
-  const std::vector<Recording::Task>& recorded = recording.tasks();
-  if (bases.size() < recording.base_count()) {
-    throw InvalidArgument("replay: the recording names " + std::to_string(recording.base_count()) + " bases, got " +
+void Engine::replay(Run& run, const std::shared_ptr<const Recording>& recording, const std::vector<ReplayBase>& bases,
+                    const std::vector<ScalarPatch>& patches, const std::vector<ReplayCopyBack>& copy_backs) {
+  if (!recording) throw InvalidArgument("replay: no recording");
+  const Recording& rec = *recording;
+  const std::vector<Recording::Task>& recorded = rec.tasks();
+  if (!rec.sealed()) throw InvalidArgument("replay: the recording is not sealed");
+  if (bases.size() < rec.base_count()) {
+    throw InvalidArgument("replay: the recording names " + std::to_string(rec.base_count()) + " bases, got " +
                           std::to_string(bases.size()));
   }
   std::vector<const std::vector<td_scalar>*> scalars(recorded.size(), nullptr);
@@ -154,52 +158,85 @@ void Engine::replay(Run& run, const Recording& recording, const std::vector<Repl
     }
     scalars[p.task] = &p.scalars;
   }
-  // Every task is built before any enters the graph: a failure leaves the run untouched.
-  std::vector<std::unique_ptr<Task>> built;
-  built.reserve(recorded.size());
+  for (const ReplayCopyBack& c : copy_backs) {
+    if (!rec.is_private(c.base)) throw InvalidArgument("replay: a copy back must read a private base");
+  }
+  // The tasks live in one block, built and linked to the earlier ones they follow through private
+  // bases before any enters the graph: a failure leaves the run untouched, and no task can start
+  // before its submission guard is dropped at the end.
+  size_t n_tensors = 0, n_scalars = 0;
+  for (const Recording::Task& rt : recorded) {
+    n_tensors += rt.args.size();
+    n_scalars += rt.scalars.size();
+  }
+  const size_t n = recorded.size() + copy_backs.size();
+  auto block = std::make_unique<TaskBlock>(n, n_tensors, n_scalars, recording);
+  size_t tensor_at = 0, scalar_at = 0;
   for (size_t i = 0; i < recorded.size(); ++i) {
     const Recording::Task& rt = recorded[i];
-    auto task = std::make_unique<Task>();
-    task->tensors.resize(rt.args.size());
+    Task* t = block->task(i);
+    td_tensor* views = block->tensors(tensor_at);
     for (size_t j = 0; j < rt.args.size(); ++j) {
       const Recording::Arg& a = rt.args[j];
-      td_tensor v = a.view;
-      v.data = reinterpret_cast<void*>(bases[a.base].addr + static_cast<uintptr_t>(a.data_offset));
-      task->tensors[j] = v;
+      views[j] = a.view;
+      views[j].data = reinterpret_cast<void*>(bases[a.base].addr + static_cast<uintptr_t>(a.data_offset));
     }
-    task->scalars = scalars[i] != nullptr ? *scalars[i] : rt.scalars;
-    task->kernel = rt.kernel;
-    task->run = &run;
-    task->run_id = run.id();
-    built.push_back(std::move(task));
+    const std::vector<td_scalar>& values = scalars[i] != nullptr ? *scalars[i] : rt.scalars;
+    td_scalar* sc = block->scalars(scalar_at);
+    std::copy(values.begin(), values.end(), sc);
+    t->fn = rt.kernel.get();
+    t->tensor_data = views;
+    t->n_tensors = static_cast<int32_t>(rt.args.size());
+    t->scalar_data = sc;
+    t->n_scalars = static_cast<int32_t>(values.size());
+    t->run = &run;
+    t->run_id = run.id();
+    // Its dependencies through private memory, fixed: counted now, released by task_complete.
+    t->pending.store(1 + static_cast<int32_t>(rt.deps.size()), std::memory_order_relaxed);
+    t->block_dependents = rt.dependents.data();
+    t->n_block_dependents = static_cast<uint32_t>(rt.dependents.size());
+    tensor_at += rt.args.size();
+    scalar_at += values.size();
   }
-  std::vector<Task*> ready;
-  ready.reserve(built.size());
+  for (size_t k = 0; k < copy_backs.size(); ++k) {
+    Task* t = block->task(recorded.size() + k);
+    t->op = Task::Op::CopyBack;
+    t->copy_base = copy_backs[k].device_base;
+    t->run = &run;
+    t->run_id = run.id();
+    for (uint32_t dep : rec.writers(copy_backs[k].base)) task_add_dependency(block->task(dep), t);
+  }
   {
     std::lock_guard<std::mutex> lock(submit_mu_);
     if (closed()) throw ClosedError("the engine is closed");
     if (run.sealed()) throw InvalidArgument("run " + std::to_string(run.id()) + " is sealed: no more tasks");
-    for (size_t i = 0; i < built.size(); ++i) {
-      Task* t = built[i].get();
+    for (size_t i = 0; i < n; ++i) {
+      Task* t = block->task(i);
       t->index = run.n_tasks_++;
       run.outstanding_.fetch_add(1, std::memory_order_relaxed);
-      for (const Recording::Arg& a : recorded[i].args) {
+      if (i >= recorded.size()) continue;
+      for (const Recording::Arg& a : recorded[i].args) {  // shared memory: ordered against other runs
+        if (rec.is_private(a.base)) continue;
         const ReplayBase& b = bases[a.base];
         if (b.alloc_id != 0 && a.end > a.begin) {
           tracker_.access(t, b.alloc_id, b.origin + a.begin, b.origin + a.end, a.view.access);
+          ++submits_since_compact_;
         }
       }
     }
-    submits_since_compact_ += built.size();
     if (submits_since_compact_ >= kCompactEvery) {
       submits_since_compact_ = 0;
       tracker_.compact();
     }
   }
-  tasks_submitted_.fetch_add(built.size(), std::memory_order_relaxed);
-  // The graph owns the tasks now; each starts once its submission guard and dependencies are gone.
-  for (auto& task : built) {
-    Task* t = task.release();
+  tasks_submitted_.fetch_add(n, std::memory_order_relaxed);
+  // The graph owns the tasks now (the last one released frees the block); each starts once its
+  // guard and its dependencies are gone.
+  TaskBlock* owned = block.release();
+  std::vector<Task*> ready;
+  ready.reserve(n);
+  for (size_t i = 0; i < n; ++i) {
+    Task* t = owned->task(i);
     if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) ready.push_back(t);
   }
   if (!ready.empty()) pool_->push(ready);
@@ -263,13 +300,13 @@ Task* Engine::run_task(Task* t, int worker) {
     std::string err;
     if (t->op == Task::Op::Kernel) {
       td_args args{};
-      args.tensors = t->tensors.data();
-      args.n_tensors = static_cast<int32_t>(t->tensors.size());
-      args.scalars = t->scalars.data();
-      args.n_scalars = static_cast<int32_t>(t->scalars.size());
+      args.tensors = t->tensor_data;
+      args.n_tensors = t->n_tensors;
+      args.scalars = t->scalar_data;
+      args.n_scalars = t->n_scalars;
       args.worker = worker;
       try {
-        rc = invoke_kernel(*t->kernel, args, err);
+        rc = invoke_kernel(*t->fn, args, err);
       } catch (const std::exception& e) {
         rc = 1;
         err = e.what();
@@ -292,7 +329,7 @@ Task* Engine::run_task(Task* t, int worker) {
     }
     tasks_executed_.fetch_add(1, std::memory_order_relaxed);
     const std::string_view kname =
-        t->op == Task::Op::Kernel ? std::string_view(t->kernel->name) : std::string_view("copy_back");
+        t->op == Task::Op::Kernel ? std::string_view(t->fn->name) : std::string_view("copy_back");
     if (rc != 0) run.record_failure(t->index, kname, err);
     // Nobody observing costs this one load; the event is built only for observers.
     if (observed_.load(std::memory_order_relaxed)) {

@@ -8,6 +8,15 @@
 
 namespace tandem {
 
+void task_add_dependency(Task* dep, Task* t) {
+  dep->lock.lock();
+  if (!dep->finished.load(std::memory_order_relaxed)) {
+    dep->dependents.push_back(t);
+    t->pending.fetch_add(1, std::memory_order_relaxed);
+  }
+  dep->lock.unlock();
+}
+
 void task_complete(Task* t, std::vector<Task*>& ready) {
   std::vector<Task*> dependents;
   t->lock.lock();
@@ -15,6 +24,10 @@ void task_complete(Task* t, std::vector<Task*>& ready) {
   dependents.swap(t->dependents);
   t->lock.unlock();
   for (Task* d : dependents) {
+    if (d->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) ready.push_back(d);
+  }
+  for (uint32_t i = 0; i < t->n_block_dependents; ++i) {
+    Task* d = t->block->task(t->block_dependents[i]);
     if (d->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) ready.push_back(d);
   }
 }
@@ -124,15 +137,7 @@ inline bool overlaps(uint64_t b0, uint64_t e0, uint64_t b1, uint64_t e1) { retur
 
 inline bool is_finished(const Task* t) { return t->finished.load(std::memory_order_acquire); }
 
-// Adds the edge dep -> t unless dep has already finished.
-inline void add_edge(Task* dep, Task* t) {
-  dep->lock.lock();
-  if (!dep->finished.load(std::memory_order_relaxed)) {
-    dep->dependents.push_back(t);
-    t->pending.fetch_add(1, std::memory_order_relaxed);
-  }
-  dep->lock.unlock();
-}
+inline void add_edge(Task* dep, Task* t) { task_add_dependency(dep, t); }
 }  // namespace
 
 DependencyTracker::~DependencyTracker() {

@@ -6,10 +6,17 @@
 // scratch, a resident tensor passed as an argument) or stays put (a resident
 // tensor the orchestration reached otherwise). A replay supplies each base's
 // address, allocation id and origin (the base's byte offset within its
-// allocation, from which the tracked byte ranges count), and the engine
-// enters the recorded tasks into the task graph with their arguments moved
-// there; dependency tracking works exactly as for submitted tasks, so a
-// replayed run still orders after earlier runs that touched the same bytes.
+// allocation, from which the tracked byte ranges count).
+//
+// Bases are *private* or *shared*. A slot's buffers and scratch are private
+// to the run holding the slot: runs before it on the slot completed before it
+// got the slot, runs after it start after it completes. So the dependencies
+// among a run's accesses to private bases are the same on every replay: they
+// are computed once, when the recording is sealed, and a replay links its
+// tasks by them without the dependency tracker. Accesses to shared bases
+// (resident tensors, which other runs touch too) go through the tracker as a
+// submit's do, so a replayed run still orders after earlier runs that touched
+// the same bytes (a KV cache written by step N, read by step N+1).
 #pragma once
 
 #include <cstdint>
@@ -21,9 +28,9 @@ namespace tandem {
 
 // Where a tensor argument was, relative to its base, when it was recorded.
 struct RecordedRef {
-  uint32_t base = 0;   // index into the replay's base table
-  uintptr_t addr = 0;  // the base's address when recorded (its allocation's address plus origin)
-  uint64_t origin = 0; // the base's byte offset within its allocation when recorded
+  uint32_t base = 0;    // index into the replay's base table
+  uintptr_t addr = 0;   // the base's address when recorded (its allocation's address plus origin)
+  uint64_t origin = 0;  // the base's byte offset within its allocation when recorded
 };
 
 // A base as one replay has it.
@@ -39,32 +46,55 @@ struct ScalarPatch {
   std::vector<td_scalar> scalars;
 };
 
+// An output's copy back to its host array, appended to a replay: it runs after
+// every recorded task that writes its (private) base.
+struct ReplayCopyBack {
+  uint32_t base = 0;
+  uintptr_t device_base = 0;  // the slot buffer's address (the region of the run's accessor)
+};
+
 class Recording {
  public:
   struct Arg {
-    td_tensor view{};      // dtype, shape, strides and access as recorded; data is recomputed
+    td_tensor view{};             // dtype, shape, strides and access as recorded; data is recomputed
     uint32_t base = 0;
-    int64_t data_offset = 0;  // bytes from the base's address to element [0, 0, ...]
+    int64_t data_offset = 0;      // bytes from the base's address to element [0, 0, ...]
     uint64_t begin = 0, end = 0;  // tracked byte range, from the base's origin
   };
   struct Task {
     KernelPtr kernel;
     std::vector<Arg> args;
     std::vector<td_scalar> scalars;
+    std::vector<uint32_t> deps;        // earlier tasks it follows through private bases (set by seal)
+    std::vector<uint32_t> dependents;  // the later tasks that follow it so (the reverse of deps)
   };
 
   // Appends one task: a call as it was submitted, and for each of its tensor
   // arguments the base it is relative to. Throws InvalidArgument when the
-  // counts differ or an argument's tracked range starts before its base's origin.
+  // counts differ, an argument's tracked range starts before its base's
+  // origin, or the recording is sealed.
   void add(const PreparedCall& call, const std::vector<RecordedRef>& refs);
+  // Ends the recording. private_bases: the bases private to a run (see
+  // above); the dependencies through them are computed here with the
+  // tracker's rules (read-after-write, write-after-read, write-after-write
+  // on overlapping bytes; a write covering earlier accesses stands for them).
+  void seal(const std::vector<uint32_t>& private_bases);
+
   size_t size() const { return tasks_.size(); }
   // One more than the largest base index any task names.
   size_t base_count() const { return bases_; }
+  bool sealed() const { return sealed_; }
+  bool is_private(uint32_t base) const { return base < private_.size() && private_[base]; }
   const std::vector<Task>& tasks() const { return tasks_; }
+  // The tasks that write a private base (what its copy back follows).
+  const std::vector<uint32_t>& writers(uint32_t base) const;
 
  private:
   std::vector<Task> tasks_;
   size_t bases_ = 0;
+  bool sealed_ = false;
+  std::vector<bool> private_;
+  std::vector<std::vector<uint32_t>> writers_;
 };
 
 }  // namespace tandem

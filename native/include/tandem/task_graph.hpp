@@ -34,6 +34,7 @@ struct TensorArg {
 };
 
 class Run;
+class TaskBlock;
 
 // A small test-and-set lock: held only for a few instructions (edge insertion).
 class SpinLock {
@@ -62,20 +63,77 @@ struct Task {
 
   Run* run = nullptr;  // alive while the task is unfinished
   uint64_t run_id = 0;
+  // What runs: the kernel and its arguments. A submitted task owns them (kernel, tensors,
+  // scalars); a replayed one points into its TaskBlock and the recording the block keeps.
+  const Kernel* fn = nullptr;
+  const td_tensor* tensor_data = nullptr;
+  const td_scalar* scalar_data = nullptr;
+  int32_t n_tensors = 0, n_scalars = 0;
   KernelPtr kernel;
   std::vector<td_tensor> tensors;
   std::vector<td_scalar> scalars;
   uint32_t index = 0;  // position within its run
   Op op = Op::Kernel;
   uintptr_t copy_base = 0;  // Op::CopyBack: region of the run's accessor
+  TaskBlock* block = nullptr;  // set when the task lives in a block (freed with it)
+  // Tasks of the same block that follow this one, fixed before any of them starts (a replay's
+  // dependencies through private memory): no lock and no allocation to link them.
+  const uint32_t* block_dependents = nullptr;
+  uint32_t n_block_dependents = 0;
+
+  // Points fn and the argument views at what the task owns (after filling kernel, tensors, scalars).
+  void own_arguments() {
+    fn = kernel.get();
+    tensor_data = tensors.data();
+    n_tensors = static_cast<int32_t>(tensors.size());
+    scalar_data = scalars.data();
+    n_scalars = static_cast<int32_t>(scalars.size());
+  }
+};
+
+// The tasks of one replay, allocated together (a handful of allocations instead of several per
+// task) and freed together once the last of them is released, by its execution or by the
+// dependency tracker. `keep` holds what the tasks point into (the recording and its kernels).
+class TaskBlock {
+ public:
+  TaskBlock(size_t tasks, size_t tensors, size_t scalars, std::shared_ptr<const void> keep)
+      : live_(tasks), tasks_(new Task[tasks]), tensors_(new td_tensor[tensors]),
+        scalars_(new td_scalar[scalars]), keep_(std::move(keep)) {
+    for (size_t i = 0; i < tasks; ++i) tasks_[i].block = this;
+  }
+  TaskBlock(const TaskBlock&) = delete;
+  TaskBlock& operator=(const TaskBlock&) = delete;
+
+  Task* task(size_t i) { return &tasks_[i]; }
+  td_tensor* tensors(size_t offset) { return &tensors_[offset]; }
+  td_scalar* scalars(size_t offset) { return &scalars_[offset]; }
+  // One task is done with; the last one frees the block.
+  void release() {
+    if (live_.fetch_sub(1, std::memory_order_acq_rel) == 1) delete this;
+  }
+
+ private:
+  std::atomic<size_t> live_;
+  std::unique_ptr<Task[]> tasks_;
+  std::unique_ptr<td_tensor[]> tensors_;
+  std::unique_ptr<td_scalar[]> scalars_;
+  std::shared_ptr<const void> keep_;
 };
 
 inline void task_unref(Task* t) {
-  if (t->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) delete t;
+  if (t->refs.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+    if (t->block != nullptr) {
+      t->block->release();
+    } else {
+      delete t;
+    }
+  }
 }
 
 // Appends to `ready` the dependents whose last dependency was `t`.
 void task_complete(Task* t, std::vector<Task*>& ready);
+// `t` runs after `dep` (nothing, if dep has finished).
+void task_add_dependency(Task* dep, Task* t);
 
 struct RunTimes {
   int64_t created_ns = 0, sealed_ns = 0, first_start_ns = -1, last_end_ns = -1, done_ns = -1;
