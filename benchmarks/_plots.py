@@ -233,9 +233,27 @@ def distributed(data: dict[str, Any], out: Path) -> list[Path]:
     return [_save(fig, data, out / "distributed.png")]
 
 
+def capture(data: dict[str, Any], out: Path) -> list[Path]:
+    f = data["figures"]
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4.5))
+    ws = f["workloads"]
+    names = [w["workload"] for w in ws]
+    _grouped_bars(a1, names, [("uncaptured", [w["uncaptured"]["orchestration_us"] for w in ws], "#aec7e8"),
+                              ("captured", [w["captured"]["orchestration_us"] for w in ws], TANDEM)])
+    a1.set_yscale("log")
+    a1.set_ylabel("host launch per run, us (median, log)")
+    a1.set_title("Orchestration: run every time or replayed")
+    _grouped_bars(a2, names, [("uncaptured", [w["uncaptured"]["runs_per_s"] for w in ws], "#aec7e8"),
+                              ("captured", [w["captured"]["runs_per_s"] for w in ws], TANDEM)])
+    a2.set_ylabel("runs per second at depth 2 (median)")
+    a2.set_title("Throughput")
+    return [_save(fig, data, out / "capture.png")]
+
+
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
     "native_tasks": tasks, "overlap": overlap, "kernels": kernels, "dispatch": dispatch, "model": model,
-    "decode": decode, "distributed": distributed,
+    "decode": decode, "capture": capture, "distributed": distributed,
 }
 
 

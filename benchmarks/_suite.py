@@ -96,6 +96,14 @@ def decode_headlines(f: dict[str, Any]) -> dict[str, float]:
             "depth 2: fraction of 1/max(T_host, T_device)": f["overlap_figure"]}
 
 
+def capture_headlines(f: dict[str, Any]) -> dict[str, float]:
+    out = {}
+    for w in f["workloads"]:
+        out[f"{w['workload']}: orchestration captured / uncaptured (lower is better)"] = w["orchestration_ratio"]
+        out[f"{w['workload']}: runs/s captured / uncaptured"] = w["runs_per_s_ratio"]
+    return out
+
+
 def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
     out = {"drt(x) over a bare shm + pipe round trip (lower is better)": f["overhead"]["sync_over_bare"]["median"],
            "await art.call over the bare round trip (lower is better)": f["overhead"]["async_over_bare"]}
@@ -128,6 +136,8 @@ SPECS: dict[str, Spec] = {
                                              "safetensors"),
                   quick_args=("--no-service",)),  # the HTTP service part alone takes longer than a minute
     "decode": Spec("decode.py", "streaming decode tokens/s at depth 2 against depth 1", decode_headlines),
+    "capture": Spec("capture.py", "captured runs against uncaptured: host orchestration and runs/s",
+                    capture_headlines),
     "distributed": Spec("distributed.py", "engine.distributed dispatch overhead and pipelining across processes",
                         distributed_headlines),
 }

@@ -39,32 +39,16 @@ import numpy as np  # noqa: E402
 from _common import print_table, write_json  # noqa: E402
 
 import engine  # noqa: E402
-from engine import In, Out  # noqa: E402
-from engine import kernels as K  # noqa: E402
+from tandem.programs import SMALL, small_tasks  # noqa: E402  (the program `tandem demo` shows captured)
 
 MODES = (False, True)  # uncaptured, captured
-
-
-@engine.program
-def small_tasks(run: engine.Run, x: In((64, 64)), w: In((64, 64)), y: Out((64, 64))) -> None:
-    """200 tasks: a chain of small elementwise and matmul steps over three scratch tensors."""
-    a, b, c = (run.scratch((64, 64)) for _ in range(3))
-    run.submit(K.copy, x, out=a)
-    for i in range(99):
-        if i % 3 == 0:
-            run.submit(K.matmul, a, w, out=b)
-        elif i % 3 == 1:
-            run.submit(K.add, a, b, out=c)
-        else:
-            run.submit(K.relu, c, out=a)
-        run.submit(K.scale, a, out=a, alpha=0.5)
-    run.submit(K.copy, a, out=y)
 
 
 class Workload:
     """One program, prepared in one mode, with the arguments of its runs."""
 
     name: str
+    distinct = 1  # how many capture keys its runs cycle through (the warm-up records each once)
 
     def open(self, capture: bool) -> None: ...
 
@@ -79,13 +63,13 @@ class TasksWorkload(Workload):
     def __init__(self) -> None:
         rng = np.random.default_rng(0)
         self.name = "tasks"
-        self.x = rng.standard_normal((64, 64)).astype(np.float32)
-        self.w = (rng.standard_normal((64, 64)) / 8).astype(np.float32)
+        self.x = rng.standard_normal((SMALL, SMALL)).astype(np.float32)
+        self.w = (rng.standard_normal((SMALL, SMALL)) / 8).astype(np.float32)
         self.rt: engine.Runtime | None = None
 
     def open(self, capture: bool) -> None:
         self.rt = small_tasks.prepare(workers=1, depth=2, capture=capture)
-        self.wd = self.rt.alloc_tensor((64, 64), init=self.w)
+        self.wd = self.rt.alloc_tensor((SMALL, SMALL), init=self.w)
 
     def close(self) -> None:
         assert self.rt is not None
@@ -128,6 +112,7 @@ class DecoderWorkload(Workload):
     def __init__(self, span: int = 48) -> None:
         self.name = "decoder"
         self.span = span
+        self.distinct = span
         self.dec: Any = None
 
     def open(self, capture: bool) -> None:
@@ -193,7 +178,7 @@ def host_per_run_us(w: Workload, runs: int) -> float:
 def measure(w: Workload, capture: bool, runs: int) -> dict[str, Any]:
     w.open(capture)
     try:
-        throughput(w, max(4, runs // 10))  # warm-up: a captured runtime records here
+        throughput(w, max(4, w.distinct))  # warm-up: a captured runtime records every key its runs use here
         out = {"runs_per_s": throughput(w, runs), "orchestration_us": orchestration_us(w, runs),
                "host_per_run_us": host_per_run_us(w, max(10, runs // 4))}
         out["capture_stats"] = w.runtime().capture_stats()

@@ -28,6 +28,7 @@ ratios to Tandem.
   dispatch     awaited dispatches per second against the machine's floor
   model        all-MiniLM-L6-v2 against sentence-transformers (the `models` extra)
   decode       streaming decode, depth 2 against depth 1
+  capture      captured runs against uncaptured: a 200-task program, MiniLM, the decoder
   distributed  engine.distributed: dispatch overhead and pipelining
   all          all of the above, in that order
 

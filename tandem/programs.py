@@ -1,8 +1,9 @@
-"""The programs the tooling runs: the demo's MLP and the overlap workload.
+"""The programs the tooling runs: the demo's MLP, the overlap workload, the many-task program.
 
 `tandem demo` and `tandem trace mlp` run the MLP; `tandem trace overlap` and the
 overlap benchmark (benchmarks/overlap.py) run `spin`, so a trace shows exactly
-the work the benchmark measures.
+the work the benchmark measures; `tandem demo` and benchmarks/capture.py run
+`small_tasks` captured and uncaptured.
 
 The parameters are annotated with engine specs (`In(...)`), which a type checker
 does not read as types: mypy reports `valid-type` for them, as for any program.
@@ -45,6 +46,41 @@ def python_work(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+SMALL = 64  # small_tasks works on SMALL x SMALL float32 tiles
+SMALL_TASKS = 200
+
+
+@engine.program
+def small_tasks(run: engine.Run, x: In((SMALL, SMALL)), w: In((SMALL, SMALL)), y: Out((SMALL, SMALL))) -> None:
+    """200 small tasks: a chain of elementwise and matmul steps over three scratch tiles."""
+    a, b, c = (run.scratch((SMALL, SMALL)) for _ in range(3))
+    run.submit(K.copy, x, out=a)
+    for i in range(SMALL_TASKS // 2 - 1):
+        if i % 3 == 0:
+            run.submit(K.matmul, a, w, out=b)
+        elif i % 3 == 1:
+            run.submit(K.add, a, b, out=c)
+        else:
+            run.submit(K.relu, c, out=a)
+        run.submit(K.scale, a, out=a, alpha=0.5)
+    run.submit(K.copy, a, out=y)
+
+
+def small_tasks_reference(x: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """small_tasks in float32 numpy (the same operations in the same order)."""
+    a = x.copy()
+    b = c = np.zeros_like(x)
+    for i in range(SMALL_TASKS // 2 - 1):
+        if i % 3 == 0:
+            b = a @ w
+        elif i % 3 == 1:
+            c = a + b
+        else:
+            a = np.maximum(c, 0)
+        a = a * np.float32(0.5)
+    return a
 
 
 @engine.program

@@ -78,6 +78,14 @@ def decode_schema(f: dict) -> list[float]:
         d["tokens_per_s"]["median"] for d in f["depths"]]
 
 
+def capture_schema(f: dict) -> list[float]:
+    names = [w["workload"] for w in f["workloads"]]
+    assert names[0] == "tasks" and "decoder" in names
+    return [w[k] for w in f["workloads"] for k in ("orchestration_ratio", "runs_per_s_ratio", "host_per_run_ratio")] + [
+        w[mode][k] for w in f["workloads"] for mode in ("captured", "uncaptured")
+        for k in ("runs_per_s", "orchestration_us", "host_per_run_us")]
+
+
 def distributed_schema(f: dict) -> list[float]:
     assert [d["depth"] for d in f["pipelining"]["depths"]] == [1, 2, 3]
     return [f["overhead"]["sync_over_bare"]["median"], f["overhead"]["async_over_bare"]] + [
@@ -86,7 +94,7 @@ def distributed_schema(f: dict) -> list[float]:
 
 SCHEMAS: dict[str, Callable[[dict], list[float]]] = {
     "tasks": tasks_schema, "kernels": kernels_schema, "overlap": overlap_schema, "dispatch": dispatch_schema,
-    "model": model_schema, "decode": decode_schema, "distributed": distributed_schema,
+    "model": model_schema, "decode": decode_schema, "capture": capture_schema, "distributed": distributed_schema,
 }
 
 

@@ -16,8 +16,10 @@ from .conftest import baseline, eventually, filled, tagged
 pytestmark = pytest.mark.anyio
 
 
-async def test_200_dispatchers_with_random_cancellations(make_rt, in_thread, anyio_backend):
-    rt = make_rt(tagged, depth=4)
+@pytest.mark.parametrize("capture", [False, True], ids=["uncaptured", "captured"])
+async def test_200_dispatchers_with_random_cancellations(make_rt, in_thread, anyio_backend, capture):
+    # Captured: `ns` is read (a branch), so each of its values is a key; `value` is passed through to fill.
+    rt = make_rt(tagged, depth=4, capture=capture)
     base = baseline(rt)
     rng = random.Random(f"{anyio_backend}-{in_thread}")
     checked = {"ok": 0, "cancelled": 0}
@@ -86,3 +88,6 @@ async def test_200_dispatchers_with_random_cancellations(make_rt, in_thread, any
         await eventually(lambda: rt._engine.stats()["runs_live"] == 0)
         # Still fully usable afterwards.
         np.testing.assert_array_equal(await art.call(1234.0, 0), filled(1234.0))
+    if capture:
+        stats = rt.capture_stats()
+        assert stats["misses"] <= 4 and stats["hits"] > 0  # one recording per value of ns
