@@ -8,15 +8,6 @@
 
 namespace tandem {
 
-void task_add_dependency(Task* dep, Task* t) {
-  dep->lock.lock();
-  if (!dep->finished.load(std::memory_order_relaxed)) {
-    dep->dependents.push_back(t);
-    t->pending.fetch_add(1, std::memory_order_relaxed);
-  }
-  dep->lock.unlock();
-}
-
 void task_complete(Task* t, std::vector<Task*>& ready) {
   std::vector<Task*> dependents;
   t->lock.lock();

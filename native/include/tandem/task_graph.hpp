@@ -132,8 +132,15 @@ inline void task_unref(Task* t) {
 
 // Appends to `ready` the dependents whose last dependency was `t`.
 void task_complete(Task* t, std::vector<Task*>& ready);
-// `t` runs after `dep` (nothing, if dep has finished).
-void task_add_dependency(Task* dep, Task* t);
+// `t` runs after `dep` (nothing, if dep has finished). Inline: the tracker calls it per edge.
+inline void task_add_dependency(Task* dep, Task* t) {
+  dep->lock.lock();
+  if (!dep->finished.load(std::memory_order_relaxed)) {
+    dep->dependents.push_back(t);
+    t->pending.fetch_add(1, std::memory_order_relaxed);
+  }
+  dep->lock.unlock();
+}
 
 struct RunTimes {
   int64_t created_ns = 0, sealed_ns = 0, first_start_ns = -1, last_end_ns = -1, done_ns = -1;
