@@ -1,7 +1,7 @@
 """`tandem bench`: runs benchmark scripts, shows progress, draws plots, sums up the headline ratios.
 
 Each benchmark runs as its own process (`python benchmarks/<script> [--quick]
---json <out>/<name>.json`): a benchmark's thread pinning (kernels.py pins
+--json <out>/<name>.json`): a benchmark's thread pinning (kernel_bench.py pins
 BLAS to one thread before numpy loads) or module state cannot leak into the
 next, and one that crashes does not take the others down. The scripts stay
 runnable on their own; this driver adds nothing to their measurements.
@@ -125,7 +125,7 @@ class Spec:
 SPECS: dict[str, Spec] = {
     "tasks": Spec("native_tasks.py", "per-task overhead of the worker pool; Python pools on the same noop calls",
                   tasks_headlines),
-    "kernels": Spec("kernels.py", "each built-in kernel against numpy / torch on the same shapes",
+    "kernels": Spec("kernel_bench.py", "each built-in kernel against numpy / torch on the same shapes",
                     kernels_headlines, requires=("torch",)),
     "overlap": Spec("overlap.py", "throughput against depth and 1/max(T_host, T_device); peers on the same work",
                     overlap_headlines),

@@ -1,4 +1,4 @@
-"""benchmarks/kernels.py runs in --quick mode and writes finite, positive ratios.
+"""benchmarks/kernel_bench.py runs in --quick mode and writes finite, positive ratios.
 No speed thresholds here: the machine running tests may be busy."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernels.py"
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "kernel_bench.py"
 
 
 def test_kernels_benchmark_quick(tmp_path):

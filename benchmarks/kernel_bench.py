@@ -13,7 +13,7 @@ ours is faster), which keeps load from other processes out of it.
 The last part measures the engine's worker pool: a large matmul row-tiled by
 the program (run.split) on 2 pool workers against 1, resident inputs.
 
-    python benchmarks/kernels.py [--quick] [--json PATH] [--only NAME[,NAME...]]
+    python benchmarks/kernel_bench.py [--quick] [--json PATH] [--only NAME[,NAME...]]
 """
 
 from __future__ import annotations
