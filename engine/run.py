@@ -181,6 +181,8 @@ class Run(OrchestrationContext):
              writes: Sequence[DeviceTensor] | None = None) -> None:
         """Runs the host callback bound at prepare() as a task: fn(*arrays).
 
+        Like any task it runs on a pool worker, or on a thread that is waiting
+        for a run meanwhile (waiters help), never inside the orchestration.
         reads / writes say which of `tensors` it reads and writes (by identity);
         with neither given every tensor is read and written.
         """

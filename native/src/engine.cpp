@@ -367,9 +367,26 @@ void Engine::finish_run(Run& run) {
   }
   runs_completed_.fetch_add(1, std::memory_order_relaxed);
   run.finish(now_ns(), run.notify() ? &notifier_ : nullptr);
+  // While unfinished_ still counts this run, so close() cannot stop the pool under us.
+  pool_->wake_helpers();
   std::lock_guard<std::mutex> lock(live_mu_);
   --unfinished_;
   live_cv_.notify_all();  // under the lock: a closer woken by it may destroy the engine right after
+}
+
+void Engine::help(Run& run, std::chrono::steady_clock::time_point deadline) {
+  {
+    // A run not done here finishes (under this lock) after we count ourselves
+    // in, so close() waits for us to leave before it stops the pool.
+    std::lock_guard<std::mutex> lock(live_mu_);
+    if (run.done() || closed_.load(std::memory_order_acquire)) return;
+    ++helpers_;
+  }
+  pool_->help_until([&run] { return run.announced(); }, [&run](const Task* t) { return t->run == &run; }, deadline,
+                    -1);
+  std::lock_guard<std::mutex> lock(live_mu_);
+  --helpers_;
+  live_cv_.notify_all();  // under the lock, as in finish_run
 }
 
 std::shared_ptr<Run> Engine::find_live(uint64_t id) {
@@ -414,7 +431,7 @@ void Engine::close(bool cancel_pending) {
   runs.clear();
   {
     std::unique_lock<std::mutex> lock(live_mu_);
-    live_cv_.wait(lock, [this] { return unfinished_ == 0; });
+    live_cv_.wait(lock, [this] { return unfinished_ == 0 && helpers_ == 0; });
   }
   if (pool_) pool_->stop();
   {

@@ -35,12 +35,20 @@ bool Run::cancel() {
 }
 
 bool Run::wait(double timeout_s) {
-  // Poll briefly first: a run finishing within the window is seen without a
-  // futex sleep and wake-up (costly under a hypervisor).
-  const auto until = std::chrono::steady_clock::now() +
-                     std::min(std::chrono::duration<double>(timeout_s < 0 ? 1.0 : timeout_s),
-                              std::chrono::duration<double>(100e-6));
-  while (!announced() && std::chrono::steady_clock::now() < until) {
+  if (announced()) return true;  // before anything touches the engine, which may be gone by now
+  using Clock = std::chrono::steady_clock;
+  const bool forever = timeout_s < 0;
+  const Clock::time_point deadline =
+      forever ? Clock::time_point::max()
+              : Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
+  // Help: the waiter runs queued tasks until the run is announced or the deadline passes.
+  engine_->help(*this, deadline);
+  if (announced()) return true;
+  // Not helping (a closed engine, or the run done and about to be announced):
+  // poll briefly, as a run finishing within the window is seen without a
+  // futex sleep and wake-up (costly under a hypervisor), then sleep.
+  const auto until = std::min(deadline, Clock::now() + std::chrono::microseconds(100));
+  while (!announced() && Clock::now() < until) {
     for (int i = 0; i < 64 && !announced(); ++i) {
 #if defined(__x86_64__)
       __builtin_ia32_pause();
@@ -51,11 +59,11 @@ bool Run::wait(double timeout_s) {
   if (announced()) return true;
   std::unique_lock<std::mutex> lock(mu_);
   auto is_announced = [this] { return announced(); };
-  if (timeout_s < 0) {
+  if (forever) {
     cv_.wait(lock, is_announced);
     return true;
   }
-  return cv_.wait_for(lock, std::chrono::duration<double>(timeout_s), is_announced);
+  return cv_.wait_until(lock, deadline, is_announced);
 }
 
 RunFailure Run::failure() const {

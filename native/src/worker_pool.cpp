@@ -1,6 +1,8 @@
 #include "tandem/worker_pool.hpp"
 
+#include <algorithm>
 #include <chrono>
+#include <thread>
 
 #include "tandem/task_graph.hpp"
 
@@ -23,44 +25,54 @@ WorkerPool::WorkerPool(int threads, TaskRunner& runner, std::chrono::microsecond
 WorkerPool::~WorkerPool() { stop(); }
 
 void WorkerPool::push(Task* t) {
-  bool wake;
+  int workers, helpers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     queue_.push_back(t);
     queued_.fetch_add(1, std::memory_order_relaxed);
-    wake = sleeping_ > 0;
+    workers = sleeping_;
+    helpers = helpers_sleeping_;
   }
-  if (wake) cv_.notify_one();
+  if (workers > 0) cv_.notify_one();
+  // Helpers take only their own run's tasks: each sleeping one checks whether this is its.
+  if (helpers > 0) helper_cv_.notify_all();
 }
 
 void WorkerPool::push(const std::vector<Task*>& ts) {
   if (ts.empty()) return;
-  int wake;
+  int workers, helpers;
   {
     std::lock_guard<std::mutex> lock(mu_);
     for (Task* t : ts) queue_.push_back(t);
     queued_.fetch_add(ts.size(), std::memory_order_relaxed);
-    wake = sleeping_;
+    workers = sleeping_;
+    helpers = helpers_sleeping_;
   }
-  if (wake > 1 && ts.size() > 1) {
+  const size_t n = ts.size();
+  if (workers > 1 && n > 1) {
     cv_.notify_all();
-  } else if (wake > 0) {
+  } else if (workers > 0) {
     cv_.notify_one();
   }
+  if (helpers > 0) helper_cv_.notify_all();  // as in push(Task*)
+}
+
+void WorkerPool::spin_while_empty() const {
+  for (int i = 0; i < 64 && queued_.load(std::memory_order_relaxed) == 0; ++i) {
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  // Yield between polls: when the cores are oversubscribed the spin must
+  // not keep a runnable thread (the host orchestrating) off its core.
+  std::this_thread::yield();
 }
 
 Task* WorkerPool::pop() {
   if (spin_.count() > 0 && queued_.load(std::memory_order_relaxed) == 0) {
     const auto until = std::chrono::steady_clock::now() + spin_;
     do {
-      for (int i = 0; i < 64 && queued_.load(std::memory_order_relaxed) == 0; ++i) {
-#if defined(__x86_64__)
-        __builtin_ia32_pause();
-#endif
-      }
-      // Yield between polls: when the cores are oversubscribed the spin must
-      // not keep a runnable thread (the host orchestrating) off its core.
-      std::this_thread::yield();
+      spin_while_empty();
     } while (queued_.load(std::memory_order_relaxed) == 0 && std::chrono::steady_clock::now() < until);
   }
   std::unique_lock<std::mutex> lock(mu_);
@@ -74,6 +86,62 @@ Task* WorkerPool::pop() {
   queue_.pop_front();
   queued_.fetch_sub(1, std::memory_order_relaxed);
   return t;
+}
+
+Task* WorkerPool::try_pop_if(const std::function<bool(const Task*)>& accept) {
+  if (queued_.load(std::memory_order_relaxed) == 0) return nullptr;
+  std::lock_guard<std::mutex> lock(mu_);
+  for (auto it = queue_.begin(); it != queue_.end(); ++it) {
+    if (accept(*it)) {
+      Task* t = *it;
+      queue_.erase(it);
+      queued_.fetch_sub(1, std::memory_order_relaxed);
+      return t;
+    }
+  }
+  return nullptr;
+}
+
+bool WorkerPool::help_until(const std::function<bool()>& done, const std::function<bool(const Task*)>& mine,
+                            std::chrono::steady_clock::time_point deadline, int index) {
+  auto idle_since = std::chrono::steady_clock::now();
+  for (;;) {
+    if (done()) return true;
+    if (Task* t = try_pop_if(mine)) {
+      do {
+        t = runner_.run_task(t, index);
+      } while (t != nullptr && mine(t));
+      if (t != nullptr) push(t);  // another run's: a worker's, not this waiter's
+      idle_since = std::chrono::steady_clock::now();
+      continue;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    if (now >= deadline) return done();
+    if (now - idle_since < spin_) {
+      spin_while_empty();
+      continue;
+    }
+    std::unique_lock<std::mutex> lock(mu_);
+    // Checked under the lock that push() and wake_helpers() take: no wake-up is lost.
+    if (done() || stopping_) return done();
+    if (std::any_of(queue_.begin(), queue_.end(), mine)) continue;
+    ++helpers_sleeping_;
+    if (deadline == std::chrono::steady_clock::time_point::max()) {
+      helper_cv_.wait(lock);  // no deadline: wait_until(max) may overflow in the clock's arithmetic
+    } else {
+      helper_cv_.wait_until(lock, deadline);
+    }
+    --helpers_sleeping_;
+    idle_since = std::chrono::steady_clock::now();
+  }
+}
+
+void WorkerPool::wake_helpers() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (helpers_sleeping_ == 0) return;
+  }
+  helper_cv_.notify_all();
 }
 
 void WorkerPool::worker_main(int index) {
@@ -92,6 +160,7 @@ void WorkerPool::stop() {
     stopping_ = true;
   }
   cv_.notify_all();
+  helper_cv_.notify_all();
   for (auto& th : threads_) {
     if (th.joinable()) th.join();
   }

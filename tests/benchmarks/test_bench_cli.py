@@ -172,7 +172,8 @@ def test_trace_writes_chrome_json_with_host_and_worker_tracks(tmp_path, program)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     tracks = trace_tracks(out)
     assert any(t.startswith("slot ") for t in tracks["host"]), tracks
-    assert any(t.startswith("worker ") for t in tracks["device"]), tracks
+    # Tasks run on pool workers, or on the thread waiting for their run ("caller"): tiny tasks often there.
+    assert tracks["device"] and all(t.startswith("worker ") or t == "caller" for t in tracks["device"]), tracks
     events = json.loads(out.read_text())["traceEvents"]
     assert sum(1 for e in events if e.get("cat") == "run") == 6
     assert any(e.get("name") == "orchestration" for e in events)

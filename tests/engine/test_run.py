@@ -353,10 +353,43 @@ def test_host_callback_with_no_tensors(prepared):
         run.host("tick")
 
     rt = prepared(prog, callbacks={"tick": lambda: ticks.append(threading.get_ident())})
-    rt(np.zeros(2, np.float32))
-    rt(np.zeros(2, np.float32))
+    for _ in range(2):
+        h = rt.submit(np.zeros(2, np.float32))
+        while not h.done:  # polled, not waited for: a waiting thread would help run the tasks
+            time.sleep(0.001)
     assert len(ticks) == 2
     assert threading.get_ident() not in ticks  # runs as a task on a pool worker
+
+
+def test_a_thread_waiting_for_a_run_runs_its_tasks(prepared):
+    """The waiter helps: with the only pool worker held by another run, waiting still completes a run."""
+    held, release = threading.Event(), threading.Event()
+    ran_on = []
+
+    def hold() -> None:
+        if not held.is_set():  # the first run's callback keeps the worker busy
+            held.set()
+            release.wait(10)
+        else:
+            ran_on.append(threading.get_ident())
+
+    @engine.program(callbacks={"hold": 0})
+    def prog(run, x: In((2,)), y: Out((2,))):
+        run.submit(k_copy, x, out=y)
+        run.host("hold")
+
+    rt = prepared(prog, workers=1, depth=2, callbacks={"hold": hold})
+    first = rt.submit(np.zeros(2, np.float32))
+    assert held.wait(10)
+    try:
+        second = rt.submit(np.ones(2, np.float32))
+        assert second.wait(5)  # the waiting thread ran the second run's tasks
+        np.testing.assert_array_equal(second.result(), np.ones(2, np.float32))
+        assert ran_on == [threading.get_ident()]
+        assert not first.done
+    finally:
+        release.set()
+    np.testing.assert_array_equal(first.result(), np.zeros(2, np.float32))
 
 
 # -- validated calls kept by the runtime ---------------------------------------------------------

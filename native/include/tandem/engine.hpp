@@ -4,6 +4,7 @@
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <memory>
@@ -77,6 +78,13 @@ class Engine final : public TaskRunner {
   // Blocks until no run is live (every begun run sealed and completed), or
   // the timeout passes (false; timeout < 0: forever).
   bool wait_idle(double timeout_s);
+  // The calling thread runs the run's queued tasks until it is announced or
+  // `deadline` passes: a waiter helps instead of sleeping, so a run waited for
+  // alone pays no cross-core wake-up at its start or end. Only its own run's
+  // tasks: a thread waiting for a slot goes back to orchestrating as soon as
+  // the run it waits for is done. Returns at once for a run done already or a
+  // closed engine. Run::wait calls it.
+  void help(Run& run, std::chrono::steady_clock::time_point deadline);
   // Enters a task into the graph; it may start at once. Throws ClosedError
   // after close(), InvalidArgument for a sealed run or bad arguments.
   void submit(Run& run, KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
@@ -157,6 +165,7 @@ class Engine final : public TaskRunner {
   std::condition_variable live_cv_;
   std::unordered_map<uint64_t, std::shared_ptr<Run>> live_;
   size_t unfinished_ = 0;  // runs begun and not through Run::finish: live_ plus those finishing
+  size_t helpers_ = 0;     // threads inside help(): close() waits for them to leave
   uint64_t next_run_id_ = 1;
 
   std::atomic<bool> closed_{false};

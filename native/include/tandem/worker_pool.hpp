@@ -2,12 +2,16 @@
 // Idle workers sleep on a condition variable (after a brief spin, so a task
 // arriving microseconds later does not pay for a futex wake-up). A worker runs
 // a task's first newly ready dependent itself, without a trip through the queue.
+// A thread waiting for a run may help: it takes that run's queued tasks like a
+// worker until its condition holds (help_until), so a run waited for alone
+// needs no cross-core wake-up to start or to report done.
 #pragma once
 
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -33,6 +37,16 @@ class WorkerPool {
 
   void push(Task* t);
   void push(const std::vector<Task*>& ts);
+  // Runs the queued tasks that mine() accepts on the calling thread (as worker
+  // `index`) until done() or `deadline`. Idle, it polls for the spin time,
+  // then sleeps until a task is queued or wake_helpers() is called. A ready
+  // dependent it is handed that mine() refuses goes back to the queue.
+  // Returns done().
+  bool help_until(const std::function<bool()>& done, const std::function<bool(const Task*)>& mine,
+                  std::chrono::steady_clock::time_point deadline, int index);
+  // Wakes sleeping helpers to re-check their condition; call it after the
+  // condition turned true.
+  void wake_helpers();
   // Lets the workers empty the queue, then joins them. Idempotent.
   void stop();
   int size() const { return static_cast<int>(threads_.size()); }
@@ -41,14 +55,18 @@ class WorkerPool {
  private:
   void worker_main(int index);
   Task* pop();
+  Task* try_pop_if(const std::function<bool(const Task*)>& accept);  // the first queued task accepted, or null
+  void spin_while_empty() const;
 
   TaskRunner& runner_;
   const std::chrono::microseconds spin_;
   std::mutex mu_;
-  std::condition_variable cv_;
+  std::condition_variable cv_;         // sleeping workers
+  std::condition_variable helper_cv_;  // sleeping helpers
   std::deque<Task*> queue_;
   std::atomic<size_t> queued_{0};
-  int sleeping_ = 0;
+  int sleeping_ = 0;          // workers asleep on cv_
+  int helpers_sleeping_ = 0;  // helpers asleep on helper_cv_
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };
