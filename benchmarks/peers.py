@@ -132,9 +132,15 @@ def to_thread(work: Work, runs: int, depth: int, workers: int) -> Sample:
     return asyncio.run(pipeline())
 
 
+def ray_installed() -> bool:
+    """Ray the package, not a folder named ray on the path (Ray's own /tmp/ray imports as an empty namespace)."""
+    spec = importlib.util.find_spec("ray")
+    return spec is not None and spec.origin is not None
+
+
 def ray_unavailable(workers: int) -> str | None:
     """Why the Ray peer cannot run here, or None."""
-    if importlib.util.find_spec("ray") is None:
+    if not ray_installed():
         return "ray is not installed (pip install 'tandem-engine[ray]')"
     if workers != 1:
         return "the Ray peer models one device worker (one actor); measured with --workers 1 only"

@@ -17,7 +17,8 @@ import pytest
 
 from tests.benchmarks.conftest import HAVE_MPL, PNG_MAGIC, tandem
 
-HAVE_RAY = importlib.util.find_spec("ray") is not None
+_RAY = importlib.util.find_spec("ray")
+HAVE_RAY = _RAY is not None and _RAY.origin is not None  # not a namespace: Ray's /tmp/ray imports as one from /tmp
 pytestmark = pytest.mark.timeout(900)  # the session's one `bench all --quick` run is set up by the first test
 
 
