@@ -64,6 +64,15 @@ void gemm(int64_t m, int64_t n, int64_t k, float alpha, const Operand& a, const 
     }
     return;
   }
+  if (m == 1) {  // one row (a decode step's): sgemv reads b once, where sgemm would pack it first (4-5x slower)
+    if (beta == 0.0f) std::fill(c, c + n, 0.0f);  // beta == 0 ignores c's old contents, NaN included
+    // c = alpha * op(b)^T a: b as stored is k x n (ld >= n), or n x k when transposed.
+    const blasint rows = static_cast<blasint>(b.trans ? n : k), cols = static_cast<blasint>(b.trans ? k : n);
+    const int64_t inc_a = a.trans ? a.ld : 1;  // a's k values: a row, or a column of a column-major a
+    scipy_cblas_sgemv(CblasRowMajor, b.trans ? CblasNoTrans : CblasTrans, rows, cols, alpha, b.p,
+                      static_cast<blasint>(b.ld), a.p, static_cast<blasint>(inc_a), beta, c, 1);
+    return;
+  }
   scipy_cblas_sgemm(CblasRowMajor, a.trans ? CblasTrans : CblasNoTrans, b.trans ? CblasTrans : CblasNoTrans,
                     static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a.p,
                     static_cast<blasint>(a.ld), b.p, static_cast<blasint>(b.ld), beta, c, static_cast<blasint>(ldc));

@@ -145,3 +145,20 @@ def test_matches_numpy_sgemm_bitwise_close(rng):
     out = empty((64, 48), float32)
     run(K.matmul, tensor(a, float32), tensor(b, float32), out=out)
     np.testing.assert_allclose(out.array, a @ b, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("la", LAYOUTS)
+@pytest.mark.parametrize("lb", LAYOUTS)
+@pytest.mark.parametrize("transpose_b", [False, True])
+@pytest.mark.parametrize("alpha_beta", [(1.0, 0.0), (2.0, 0.5), (1.0, 1.0)], ids=str)
+def test_one_row_goes_through_sgemv_with_sgemm_s_results(rng, la, lb, transpose_b, alpha_beta):
+    """A single row (a decode step's product) takes sgemv: every layout, op(b), alpha and beta as sgemm does."""
+    alpha, beta = alpha_beta
+    k, n = 67, 41
+    a = tensor(rng.standard_normal((1, k)), float32, la)
+    b = tensor(rng.standard_normal((n, k) if transpose_b else (k, n)), float32, lb)
+    old = rng.standard_normal((1, n))
+    out = empty((1, n), float32) if beta == 0.0 else tensor(old, float32)  # beta == 0: NaN contents ignored
+    run(K.matmul, a, b, out=out, transpose_b=transpose_b, alpha=alpha, beta=beta)
+    bb = b.f64().T if transpose_b else b.f64()
+    check(out, alpha * (a.f64() @ bb) + (beta * old if beta else 0.0), k)
