@@ -240,3 +240,31 @@ def test_garbage_collected_runtime_releases_its_pool():
     del rt
     settle()
     assert thread_count() <= before
+
+
+def test_close_drains_a_run_a_waiting_thread_is_running():
+    """close() with a run's task running on the thread that waits for it (a helping waiter): drained, not cut."""
+    rt, gate = make_gated(workers=1, depth=2)
+    x = np.arange(4, dtype=np.float32)
+    outcome = []
+    try:
+        first = rt.submit(x, key=1)
+        assert gate.wait_started(1)  # the only worker is held
+        second = rt.submit(x, key=2)
+        waiter = threading.Thread(target=lambda: outcome.append(second.exception(20)))
+        waiter.start()
+        assert gate.wait_started(2)  # so the waiting thread runs the second run's task
+        closer = threading.Thread(target=rt.close)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive(), "close() returned while a waiter was running a task"
+        gate.open_all()
+        closer.join(20)
+        waiter.join(20)
+        assert not closer.is_alive() and not waiter.is_alive()
+    finally:
+        gate.open_all()
+        rt.close()
+    assert outcome == [None]
+    np.testing.assert_array_equal(first.result(), x + 1)
+    np.testing.assert_array_equal(second.result(), x + 2)
