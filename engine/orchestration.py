@@ -8,6 +8,7 @@ OrchestrationContext; they differ in what they submit and where it runs.
 from __future__ import annotations
 
 import operator
+from abc import ABC, abstractmethod
 from typing import Any, Sequence
 
 from engine.dtypes import DType, as_dtype
@@ -50,7 +51,7 @@ class ScratchArena:
         return alloc, self.base + offset
 
 
-class OrchestrationContext:
+class OrchestrationContext(ABC):
     """One run's orchestration: its symbols' values (`dims`), scratch tensors, and views.
 
     Tasks may start as soon as they are submitted, possibly while the
@@ -63,14 +64,14 @@ class OrchestrationContext:
         self._arena = arena
 
     @property
+    @abstractmethod
     def workers(self) -> int:
         """How many ways to divide work (split()'s default)."""
-        raise NotImplementedError
 
     @property
+    @abstractmethod
     def planning(self) -> bool:
         """True during prepare()'s planning pass at the bounds (nothing runs)."""
-        raise NotImplementedError
 
     @property
     def scratch_used(self) -> int:

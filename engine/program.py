@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
@@ -29,7 +30,7 @@ class Param:
         return tuple(getattr(self.spec, "symbols", ()))
 
 
-class ProgramBase:
+class ProgramBase(ABC):
     """What every kind of program shares: the function, its parsed signature, its symbols, invoke().
 
     A subclass says what it is called in errors and which parameter specs it
@@ -63,13 +64,13 @@ class ProgramBase:
         return self.fn(ctx, *pos, **kw)
 
     @property
+    @abstractmethod
     def callback_names(self) -> tuple[str, ...]:
         """The host callbacks the program declares (bound at prepare)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def callback_arity(self, name: str) -> int | None:
         """How many tensors callback `name` takes (None: any number)."""
-        raise NotImplementedError
 
     def _parse_signature(self, fn: Callable[..., Any]) -> tuple[Param, ...]:
         where = f"{self._what} {self.name}"
