@@ -415,11 +415,15 @@ class Capture:
         entry = self._table.get(key)
         if entry is None or entry.sites or (entry.abs_allocs and not entry.live()):
             return None
+        self._hit(key)
+        return entry, _NO_PATCHES
+
+    def _hit(self, key: tuple[Any, ...]) -> None:
+        """A replay of `key`: counted, and its entry the most recently used."""
         with self._lock:
             if key in self._table:
                 self._table.move_to_end(key)
             self.hits += 1
-        return entry, _NO_PATCHES
 
     def _find(self, base_key: tuple[Any, ...], values: list[Any]
               ) -> tuple[tuple[Recorded, list[tuple[int, list[Any]]]] | None, set[int]]:
@@ -445,10 +449,7 @@ class Capture:
                     break
                 patches.append((site.task, bound.scalars))
             else:
-                with self._lock:
-                    if key in self._table:
-                        self._table.move_to_end(key)
-                    self.hits += 1
+                self._hit(key)
                 return (entry, patches), force
         with self._lock:
             self.misses += 1

@@ -82,18 +82,18 @@ class OrchestrationContext(ABC):
         """A tensor from this run's scratch arena (symbols resolve to this run's dims)."""
         dt: DType = as_dtype(dtype)
         dims = []
-        for d in shape:
+        for shape_dim in shape:
+            d: Any = shape_dim
             if isinstance(d, str):
                 if d not in self.dims:
                     raise ValueError(f"scratch: unknown symbol '{d}' (bound symbols: {sorted(self.dims)})")
                 d = self.dims[d]
-            if isinstance(d, bool) or not isinstance(d, int):
-                try:  # an int-like (a numpy int, a captured program's Scalar stand-in)
-                    d = operator.index(d) if not isinstance(d, bool) else d
-                except TypeError:
-                    pass
-            if isinstance(d, bool) or not isinstance(d, int):
-                raise TypeError(f"scratch: dim {d!r} must be an int or a symbol name")
+            try:  # an int or an int-like (a numpy int, a captured program's Scalar stand-in)
+                d = operator.index(d) if not isinstance(d, bool) else None
+            except TypeError:
+                d = None
+            if d is None:
+                raise TypeError(f"scratch: dim {shape_dim!r} must be an int or a symbol name")
             if d <= 0:
                 raise ValueError(f"scratch: dim {d} must be positive")
             dims.append(d)

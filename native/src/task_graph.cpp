@@ -41,7 +41,7 @@ bool Run::wait(double timeout_s) {
   const Clock::time_point deadline =
       forever ? Clock::time_point::max()
               : Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s));
-  // Help: the waiter runs queued tasks until the run is announced or the deadline passes.
+  // Help: the waiter runs this run's queued tasks until it is announced or the deadline passes.
   engine_->help(*this, deadline);
   if (announced()) return true;
   // Not helping (a closed engine, or the run done and about to be announced):
@@ -136,7 +136,6 @@ inline bool overlaps(uint64_t b0, uint64_t e0, uint64_t b1, uint64_t e1) { retur
 
 inline bool is_finished(const Task* t) { return t->finished.load(std::memory_order_acquire); }
 
-inline void add_edge(Task* dep, Task* t) { task_add_dependency(dep, t); }
 }  // namespace
 
 DependencyTracker::~DependencyTracker() {
@@ -182,14 +181,14 @@ void DependencyTracker::access(Task* t, uint64_t alloc, uint64_t begin, uint64_t
   Task* last = nullptr;  // skip immediate duplicate edges
   for (const Record& r : lists.writes) {
     if (r.task != t && r.task != last && overlaps(begin, end, r.begin, r.end) && !is_finished(r.task)) {
-      add_edge(r.task, t);
+      task_add_dependency(r.task, t);
       last = r.task;
     }
   }
   if (writes) {
     for (const Record& r : lists.reads) {
       if (r.task != t && r.task != last && overlaps(begin, end, r.begin, r.end) && !is_finished(r.task)) {
-        add_edge(r.task, t);
+        task_add_dependency(r.task, t);
         last = r.task;
       }
     }
