@@ -215,6 +215,16 @@ class Recording:
     @property
     def base_count(self) -> int: ...
 
+class ReplayPlan:
+    """A sealed recording materialized against one base table, for every replay on those bases."""
+
+    def __init__(self, recording: Recording, bases: Sequence[tuple[SupportsIndex, SupportsIndex, SupportsIndex]]) -> None:
+        """bases: (address, alloc id, origin) per base the recording names."""
+    @property
+    def task_count(self) -> int: ...
+    @property
+    def shared_accesses(self) -> int: ...
+
 class Run:
     """One run: a group of tasks completing together (made by Engine.begin_run*, no constructor)."""
 
@@ -283,13 +293,12 @@ class Engine:
     def replay(
         self,
         run: Run,
-        recording: Recording,
-        bases: Sequence[tuple[SupportsIndex, SupportsIndex, SupportsIndex]],
+        plan: ReplayPlan,
         patches: Sequence[tuple[SupportsIndex, Sequence[int | float]]] = (),
         copy_backs: Sequence[tuple[SupportsIndex, SupportsIndex]] = (),
     ) -> None:
-        """Enters a sealed recording's tasks into the run, moved to bases; patches replace some tasks' scalars;
-        copy_backs: (private base, its slot buffer's address) per output to copy back after."""
+        """Enters the tasks of a plan's recording into the run, at the plan's bases; patches replace some tasks'
+        scalars; copy_backs: (private base, its slot buffer's address) per output to copy back after."""
     def submit_copy_back(self, run: Run, arg: TensorArg, device_base: SupportsIndex) -> None: ...
     def seal(self, run: Run) -> None: ...
     def seal_logged(self, run: Run, log: RunLog | None, dispatch_ns: SupportsIndex, launch_ns: SupportsIndex = 0) -> None: ...

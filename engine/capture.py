@@ -70,6 +70,8 @@ if TYPE_CHECKING:
 
 __all__ = ["Capture", "ScalarStandIn"]
 
+_PLANS_PER_RECORDING = 64  # materialized base tables kept per recording (slots x resident-argument placements)
+
 Base = tuple[int, int, int]  # (address, allocation id, origin) of one replay base
 _NO_PATCHES: list[tuple[int, list[Any]]] = []  # read only: shared by the replays that patch nothing
 
@@ -215,13 +217,16 @@ class _Site:
 class Recorded:
     """One capture key's recording: the native tasks, the resident memory they reached, the scalar sites."""
 
-    __slots__ = ("native", "abs_allocs", "abs_bases", "sites")
+    __slots__ = ("native", "abs_allocs", "abs_bases", "sites", "plans")
 
     def __init__(self, native: "_native.Recording", abs_allocs: list[Allocation], sites: list[_Site]) -> None:
         self.native = native
         self.abs_allocs = abs_allocs
         self.abs_bases: list[Base] = [(a.addr, a.id, 0) for a in abs_allocs]
         self.sites = sites
+        # (slot, the resident arguments' (allocation id, offset)...) -> the recording materialized there:
+        # a slot's replays with the same resident arguments reuse one (ids are never reused).
+        self.plans: dict[tuple[Any, ...], _native.ReplayPlan] = {}
 
     def live(self) -> bool:
         for alloc in self.abs_allocs:
@@ -395,10 +400,8 @@ class Capture:
         assert engine is not None
         if found is not None:
             recorded, patches = found
-            bases = self._bases(slot, device_args)
-            bases.extend(recorded.abs_bases)
             tensor_base = self._tensor_base
-            engine.replay(native, recorded.native, bases, patches,
+            engine.replay(native, self._plan(recorded, slot, device_args), patches,
                           [(tensor_base[i], addr) for i, addr in copy_backs])
             return True
         values = [a.value for a in call.args]
@@ -523,6 +526,22 @@ class Capture:
             sets.pop(reads, None)
             if not sets:
                 del self._read_sets[base_key]
+
+    def _plan(self, recorded: Recorded, slot: "Slot", device_args: list[tuple[int, DeviceTensor]]
+              ) -> "_native.ReplayPlan":
+        """The recording materialized at this run's bases, built on a slot's first replay with these resident
+        arguments."""
+        where = (slot.index, *[(t._alloc.id, t._offset) for _, t in device_args]) if device_args else (slot.index,)
+        plans = recorded.plans
+        plan = plans.get(where)
+        if plan is None:
+            bases = self._bases(slot, device_args)
+            bases.extend(recorded.abs_bases)
+            plan = _native.ReplayPlan(recorded.native, bases)
+            if len(plans) >= _PLANS_PER_RECORDING:  # resident arguments that keep changing: the oldest goes
+                plans.pop(next(iter(plans)), None)
+            plans[where] = plan
+        return plan
 
     def _bases(self, slot: "Slot", device_args: list[tuple[int, DeviceTensor]]) -> list[Base]:
         """The replay's bases: the slot's buffers and scratch, the resident tensors passed for parameters."""

@@ -176,6 +176,19 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("task_count", &Recording::size)
       .def_property_readonly("base_count", &Recording::base_count);
 
+  py::class_<ReplayPlan, std::shared_ptr<ReplayPlan>>(
+      m, "ReplayPlan", "A sealed recording materialized against one base table, for every replay on those bases")
+      .def(py::init([](std::shared_ptr<Recording> recording,
+                       const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>>& bases) {
+             std::vector<ReplayBase> b;
+             b.reserve(bases.size());
+             for (const auto& [addr, alloc_id, origin] : bases) b.push_back(ReplayBase{addr, alloc_id, origin});
+             return std::make_shared<ReplayPlan>(std::move(recording), std::move(b));
+           }),
+           py::arg("recording"), py::arg("bases"), "bases: (address, alloc id, origin) per base the recording names")
+      .def_property_readonly("task_count", [](const ReplayPlan& p) { return p.entries().size(); })
+      .def_property_readonly("shared_accesses", [](const ReplayPlan& p) { return p.shared().size(); });
+
   py::class_<Run, std::shared_ptr<Run>>(m, "Run", "One run: a group of tasks completing together")
       .def_property_readonly("id", &Run::id)
       .def_property_readonly("done", &Run::done)
@@ -277,12 +290,8 @@ void bind_engine(py::module_& m) {
       .def("submit_prepared", &Engine::submit_prepared, py::arg("run"), py::arg("call"))
       .def(
           "replay",
-          [](Engine& e, Run& run, const std::shared_ptr<Recording>& recording,
-             const std::vector<std::tuple<uintptr_t, uint64_t, uint64_t>>& bases, const py::sequence& patches,
+          [](Engine& e, Run& run, const std::shared_ptr<ReplayPlan>& plan, const py::sequence& patches,
              const std::vector<std::tuple<uint32_t, uintptr_t>>& copy_backs) {
-            std::vector<ReplayBase> b;
-            b.reserve(bases.size());
-            for (const auto& [addr, alloc_id, origin] : bases) b.push_back(ReplayBase{addr, alloc_id, origin});
             std::vector<ScalarPatch> p;
             p.reserve(patches.size());
             for (const auto& item : patches) {
@@ -294,13 +303,12 @@ void bind_engine(py::module_& m) {
             c.reserve(copy_backs.size());
             for (const auto& [base, device_base] : copy_backs) c.push_back(ReplayCopyBack{base, device_base});
             py::gil_scoped_release nogil;
-            e.replay(run, recording, b, p, c);
+            e.replay(run, plan, p, c);
           },
-          py::arg("run"), py::arg("recording"), py::arg("bases"), py::arg("patches") = py::tuple(),
-          py::arg("copy_backs") = py::tuple(),
-          "Enters a sealed recording's tasks into the run, moved to bases: (address, alloc id, origin) per base; "
-          "patches: (task index, scalars) for tasks whose scalars differ from the recording's; copy_backs: "
-          "(private base, its slot buffer's address) per output to copy back after")
+          py::arg("run"), py::arg("plan"), py::arg("patches") = py::tuple(), py::arg("copy_backs") = py::tuple(),
+          "Enters the tasks of a plan's recording into the run, at the plan's bases; patches: (task index, "
+          "scalars) for tasks whose scalars differ from the recording's; copy_backs: (private base, its slot "
+          "buffer's address) per output to copy back after the tasks that write it")
       .def("submit_copy_back", &Engine::submit_copy_back, py::arg("run"), py::arg("arg"), py::arg("device_base"))
       .def("seal", &Engine::seal, py::arg("run"))
       .def(

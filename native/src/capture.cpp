@@ -84,6 +84,49 @@ void Recording::seal(const std::vector<uint32_t>& private_bases) {
   sealed_ = true;
 }
 
+ReplayPlan::ReplayPlan(std::shared_ptr<const Recording> recording, std::vector<ReplayBase> bases)
+    : recording_(std::move(recording)), bases_(std::move(bases)) {
+  if (!recording_) throw InvalidArgument("replay plan: no recording");
+  const Recording& rec = *recording_;
+  if (!rec.sealed()) throw InvalidArgument("replay plan: the recording is not sealed");
+  if (bases_.size() < rec.base_count()) {
+    throw InvalidArgument("replay plan: the recording names " + std::to_string(rec.base_count()) + " bases, got " +
+                          std::to_string(bases_.size()));
+  }
+  const std::vector<Recording::Task>& tasks = rec.tasks();
+  size_t n_views = 0, n_scalars = 0;
+  for (const Recording::Task& t : tasks) {
+    n_views += t.args.size();
+    n_scalars += t.scalars.size();
+  }
+  entries_.reserve(tasks.size());
+  views_.reserve(n_views);
+  scalars_.reserve(n_scalars);
+  for (uint32_t i = 0; i < tasks.size(); ++i) {
+    const Recording::Task& t = tasks[i];
+    Entry e;
+    e.fn = t.kernel.get();
+    e.first_view = static_cast<uint32_t>(views_.size());
+    e.n_views = static_cast<int32_t>(t.args.size());
+    e.first_scalar = static_cast<uint32_t>(scalars_.size());
+    e.n_scalars = static_cast<int32_t>(t.scalars.size());
+    e.n_deps = static_cast<int32_t>(t.deps.size());
+    e.dependents = t.dependents.data();
+    e.n_dependents = static_cast<uint32_t>(t.dependents.size());
+    entries_.push_back(e);
+    for (const Recording::Arg& a : t.args) {
+      const ReplayBase& b = bases_[a.base];
+      td_tensor v = a.view;
+      v.data = reinterpret_cast<void*>(b.addr + static_cast<uintptr_t>(a.data_offset));
+      views_.push_back(v);
+      if (!rec.is_private(a.base) && b.alloc_id != 0 && a.end > a.begin) {
+        shared_.push_back(SharedAccess{i, a.view.access, b.alloc_id, b.origin + a.begin, b.origin + a.end});
+      }
+    }
+    scalars_.insert(scalars_.end(), t.scalars.begin(), t.scalars.end());
+  }
+}
+
 const std::vector<uint32_t>& Recording::writers(uint32_t base) const {
   static const std::vector<uint32_t> none;
   return base < writers_.size() ? writers_[base] : none;

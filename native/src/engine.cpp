@@ -141,65 +141,51 @@ void Engine::submit_prepared(Run& run, const PreparedCall& call) {
   if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);
 }
 
-void Engine::replay(Run& run, const std::shared_ptr<const Recording>& recording, const std::vector<ReplayBase>& bases,
-                    const std::vector<ScalarPatch>& patches, const std::vector<ReplayCopyBack>& copy_backs) {
-  if (!recording) throw InvalidArgument("replay: no recording");
-  const Recording& rec = *recording;
-  const std::vector<Recording::Task>& recorded = rec.tasks();
-  if (!rec.sealed()) throw InvalidArgument("replay: the recording is not sealed");
-  if (bases.size() < rec.base_count()) {
-    throw InvalidArgument("replay: the recording names " + std::to_string(rec.base_count()) + " bases, got " +
-                          std::to_string(bases.size()));
-  }
-  std::vector<const std::vector<td_scalar>*> scalars(recorded.size(), nullptr);
+void Engine::replay(Run& run, const std::shared_ptr<const ReplayPlan>& plan, const std::vector<ScalarPatch>& patches,
+                    const std::vector<ReplayCopyBack>& copy_backs) {
+  if (!plan) throw InvalidArgument("replay: no plan");
+  const Recording& rec = plan->recording();
+  const std::vector<ReplayPlan::Entry>& entries = plan->entries();
+  size_t n_patched = 0;
   for (const ScalarPatch& p : patches) {
-    if (p.task >= recorded.size() || p.scalars.size() != recorded[p.task].scalars.size()) {
+    if (p.task >= entries.size() || p.scalars.size() != static_cast<size_t>(entries[p.task].n_scalars)) {
       throw InvalidArgument("replay: a scalar patch does not fit task " + std::to_string(p.task));
     }
-    scalars[p.task] = &p.scalars;
+    n_patched += p.scalars.size();
   }
   for (const ReplayCopyBack& c : copy_backs) {
     if (!rec.is_private(c.base)) throw InvalidArgument("replay: a copy back must read a private base");
   }
   // The tasks live in one block, built and linked to the earlier ones they follow through private
   // bases before any enters the graph: a failure leaves the run untouched, and no task can start
-  // before its submission guard is dropped at the end.
-  size_t n_tensors = 0, n_scalars = 0;
-  for (const Recording::Task& rt : recorded) {
-    n_tensors += rt.args.size();
-    n_scalars += rt.scalars.size();
-  }
-  const size_t n = recorded.size() + copy_backs.size();
-  auto block = std::make_unique<TaskBlock>(n, n_tensors, n_scalars, recording);
-  size_t tensor_at = 0, scalar_at = 0;
-  for (size_t i = 0; i < recorded.size(); ++i) {
-    const Recording::Task& rt = recorded[i];
+  // before its submission guard is dropped at the end. Their views are the plan's (the block keeps
+  // it); only patched scalars are copied.
+  const size_t n = entries.size() + copy_backs.size();
+  auto block = std::make_unique<TaskBlock>(n, 0, n_patched, plan);
+  for (size_t i = 0; i < entries.size(); ++i) {
+    const ReplayPlan::Entry& e = entries[i];
     Task* t = block->task(i);
-    td_tensor* views = block->tensors(tensor_at);
-    for (size_t j = 0; j < rt.args.size(); ++j) {
-      const Recording::Arg& a = rt.args[j];
-      views[j] = a.view;
-      views[j].data = reinterpret_cast<void*>(bases[a.base].addr + static_cast<uintptr_t>(a.data_offset));
-    }
-    const std::vector<td_scalar>& values = scalars[i] != nullptr ? *scalars[i] : rt.scalars;
-    td_scalar* sc = block->scalars(scalar_at);
-    std::copy(values.begin(), values.end(), sc);
-    t->fn = rt.kernel.get();
-    t->tensor_data = views;
-    t->n_tensors = static_cast<int32_t>(rt.args.size());
-    t->scalar_data = sc;
-    t->n_scalars = static_cast<int32_t>(values.size());
+    t->fn = e.fn;
+    t->tensor_data = plan->views(e);
+    t->n_tensors = e.n_views;
+    t->scalar_data = plan->scalars(e);
+    t->n_scalars = e.n_scalars;
     t->run = &run;
     t->run_id = run.id();
     // Its dependencies through private memory, fixed: counted now, released by task_complete.
-    t->pending.store(1 + static_cast<int32_t>(rt.deps.size()), std::memory_order_relaxed);
-    t->block_dependents = rt.dependents.data();
-    t->n_block_dependents = static_cast<uint32_t>(rt.dependents.size());
-    tensor_at += rt.args.size();
-    scalar_at += values.size();
+    t->pending.store(1 + e.n_deps, std::memory_order_relaxed);
+    t->block_dependents = e.dependents;
+    t->n_block_dependents = e.n_dependents;
+  }
+  size_t scalar_at = 0;
+  for (const ScalarPatch& p : patches) {
+    td_scalar* sc = block->scalars(scalar_at);
+    std::copy(p.scalars.begin(), p.scalars.end(), sc);
+    block->task(p.task)->scalar_data = sc;
+    scalar_at += p.scalars.size();
   }
   for (size_t k = 0; k < copy_backs.size(); ++k) {
-    Task* t = block->task(recorded.size() + k);
+    Task* t = block->task(entries.size() + k);
     t->op = Task::Op::CopyBack;
     t->copy_base = copy_backs[k].device_base;
     t->run = &run;
@@ -210,20 +196,15 @@ void Engine::replay(Run& run, const std::shared_ptr<const Recording>& recording,
     std::lock_guard<std::mutex> lock(submit_mu_);
     if (closed()) throw ClosedError("the engine is closed");
     if (run.sealed()) throw InvalidArgument("run " + std::to_string(run.id()) + " is sealed: no more tasks");
-    for (size_t i = 0; i < n; ++i) {
-      Task* t = block->task(i);
-      t->index = run.n_tasks_++;
-      run.outstanding_.fetch_add(1, std::memory_order_relaxed);
-      if (i >= recorded.size()) continue;
-      for (const Recording::Arg& a : recorded[i].args) {  // shared memory: ordered against other runs
-        if (rec.is_private(a.base)) continue;
-        const ReplayBase& b = bases[a.base];
-        if (b.alloc_id != 0 && a.end > a.begin) {
-          tracker_.access(t, b.alloc_id, b.origin + a.begin, b.origin + a.end, a.view.access);
-          ++submits_since_compact_;
-        }
-      }
+    const uint32_t first = run.n_tasks_;
+    for (size_t i = 0; i < n; ++i) block->task(i)->index = first + static_cast<uint32_t>(i);
+    run.n_tasks_ += static_cast<uint32_t>(n);
+    run.outstanding_.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+    // Shared memory: ordered against other runs.
+    for (const ReplayPlan::SharedAccess& a : plan->shared()) {
+      tracker_.access(block->task(a.task), a.alloc_id, a.begin, a.end, a.mode);
     }
+    submits_since_compact_ += plan->shared().size();
     if (submits_since_compact_ >= kCompactEvery) {
       submits_since_compact_ = 0;
       tracker_.compact();

@@ -347,6 +347,26 @@ def test_resident_arguments_sharing_an_allocation_are_keyed_by_where(prepared):
     assert rt.capture_stats()["misses"] == 3 and rt.capture_stats()["hits"] == 2
 
 
+def test_replays_reuse_a_slot_s_materialized_recording_only_where_the_resident_arguments_are_the_same(prepared):
+    from engine.capture import _PLANS_PER_RECORDING
+
+    rt = prepared(mlp, bounds={"B": 4}, depth=2, capture=True)
+    weights = [f32(8, 8) for _ in range(_PLANS_PER_RECORDING + 6)]
+    resident = [rt.alloc_tensor((8, 8), init=w) for w in weights]
+    x = f32(4, 8)
+    for _ in range(3):  # one key; the same two resident weights over both slots
+        for w, wd in zip(weights[:2], resident[:2]):
+            np.testing.assert_allclose(rt(x, wd, alpha=1.5), mlp_ref(x, w, 1.5), rtol=1e-5, atol=1e-5)
+    (recorded,) = rt._capture._table.values()
+    assert len(recorded.plans) <= 2 * 2  # (slot, weight) pairs, each materialized once
+    # Resident arguments that keep changing: every replay reads its own, the materialized ones stay bounded.
+    for w, wd in zip(weights, resident):
+        np.testing.assert_allclose(rt(x, wd, alpha=-2.0), mlp_ref(x, w, -2.0), rtol=1e-5, atol=1e-5)
+    assert len(recorded.plans) == _PLANS_PER_RECORDING
+    np.testing.assert_allclose(rt(x, resident[0], alpha=1.0), mlp_ref(x, weights[0], 1.0), rtol=1e-5, atol=1e-5)
+    assert rt.capture_stats()["misses"] == 1
+
+
 def test_an_orchestration_that_raises_while_recording_keeps_nothing(prepared):
     @engine.program
     def picky(run: engine.Run, x: In((4,)), y: Out((4,)), n: Scalar(int)):

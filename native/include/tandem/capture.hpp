@@ -20,6 +20,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "tandem/engine.hpp"
@@ -95,6 +96,49 @@ class Recording {
   bool sealed_ = false;
   std::vector<bool> private_;
   std::vector<std::vector<uint32_t>> writers_;
+};
+
+// A recording materialized against one base table: every task's argument
+// views with their addresses, its scalars, its fixed dependencies and its
+// accesses to shared bases, laid out flat. Built once per (recording, bases)
+// and reused by every replay with the same bases (a slot's runs with the same
+// resident arguments), so a replay writes its tasks and reads one compact
+// table instead of rebuilding ~150 bytes per tensor argument from the
+// recording. Immutable once built: replays on several threads share it.
+class ReplayPlan {
+ public:
+  struct Entry {
+    const Kernel* fn = nullptr;
+    uint32_t first_view = 0, first_scalar = 0;
+    int32_t n_views = 0, n_scalars = 0;
+    int32_t n_deps = 0;                   // earlier tasks it follows through private bases
+    const uint32_t* dependents = nullptr;  // into the recording
+    uint32_t n_dependents = 0;
+  };
+  // An access to a shared base, entered into the dependency tracker per replay.
+  struct SharedAccess {
+    uint32_t task = 0;
+    int32_t mode = 0;
+    uint64_t alloc_id = 0, begin = 0, end = 0;
+  };
+
+  // Throws InvalidArgument when the recording is not sealed or names more bases than given.
+  ReplayPlan(std::shared_ptr<const Recording> recording, std::vector<ReplayBase> bases);
+
+  const Recording& recording() const { return *recording_; }
+  const std::vector<ReplayBase>& bases() const { return bases_; }
+  const std::vector<Entry>& entries() const { return entries_; }
+  const td_tensor* views(const Entry& e) const { return views_.data() + e.first_view; }
+  const td_scalar* scalars(const Entry& e) const { return scalars_.data() + e.first_scalar; }
+  const std::vector<SharedAccess>& shared() const { return shared_; }
+
+ private:
+  std::shared_ptr<const Recording> recording_;
+  std::vector<ReplayBase> bases_;
+  std::vector<Entry> entries_;
+  std::vector<td_tensor> views_;
+  std::vector<td_scalar> scalars_;
+  std::vector<SharedAccess> shared_;
 };
 
 }  // namespace tandem

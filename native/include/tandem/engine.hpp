@@ -23,6 +23,7 @@
 namespace tandem {
 
 class Recording;
+class ReplayPlan;
 struct ReplayBase;
 struct ScalarPatch;
 struct ReplayCopyBack;
@@ -93,16 +94,16 @@ class Engine final : public TaskRunner {
   static PreparedCall prepare_call(KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
                                    std::vector<td_scalar> scalars);
   void submit_prepared(Run& run, const PreparedCall& call);
-  // Enters every task of a sealed `recording` into the run, in order, with
-  // its tensor arguments moved to `bases` (at least as many as the recording
-  // names) and the scalars of the patched tasks replaced, then the copy backs
-  // of its outputs: the work of one orchestration in one call. Accesses to
-  // private bases are linked by the dependencies the recording computed;
-  // accesses to shared ones go through the tracker, under one lock. Throws
-  // InvalidArgument (before entering anything) for mismatched bases, patches
-  // or copy backs, and as submit for a closed engine or a sealed run.
-  void replay(Run& run, const std::shared_ptr<const Recording>& recording, const std::vector<ReplayBase>& bases,
-              const std::vector<ScalarPatch>& patches, const std::vector<ReplayCopyBack>& copy_backs);
+  // Enters every task of a recording into the run, in order, as `plan`
+  // materialized it against its bases, with the scalars of the patched tasks
+  // replaced, then the copy backs of its outputs: the work of one
+  // orchestration in one call. Accesses to private bases are linked by the
+  // dependencies the recording computed; accesses to shared ones go through
+  // the tracker, under one lock. Throws InvalidArgument (before entering
+  // anything) for mismatched patches or copy backs, and as submit for a
+  // closed engine or a sealed run.
+  void replay(Run& run, const std::shared_ptr<const ReplayPlan>& plan, const std::vector<ScalarPatch>& patches,
+              const std::vector<ReplayCopyBack>& copy_backs);
   // A task that copies a region of the run's accessor back to its host view,
   // ordered after every earlier writer of `arg`'s bytes.
   void submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base);
