@@ -12,7 +12,7 @@ service: the HTTP service (python -m examples.minilm) in a subprocess under a bo
   closed-loop load from this process (--clients concurrent clients, --requests in all,
   a few sentences each): requests per second and p50/p99 latency, with the engine
   pipelined (depth 2) and not (depth 1). The service's pool has the engine's default
-  workers (cores - 1), which leaves the host a core: that is what pipelining overlaps.
+  workers (one per core) unless --service-workers says otherwise.
 
     python benchmarks/model.py [--quick] [--threads 2] [--service-workers N] [--no-service] [--json PATH]
 """
@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="engine pool workers and torch threads (default: all cores)")
     ap.add_argument("--service-workers", type=int, default=None,
-                    help="the service's engine pool workers (default: the engine's, cores - 1: a core for the host)")
+                    help="the service's engine pool workers (default: the engine's, one per core)")
     ap.add_argument("--no-service", action="store_true", help="skip the HTTP service load")
     ap.add_argument("--json", default=None, help="where to write the figures (default: benchmarks/results/)")
     args = ap.parse_args(argv)

@@ -123,6 +123,9 @@ class Program(ProgramBase):
                 spin_us: int | None = None, capture: bool = False, capture_limit: int = 256) -> "Runtime":
         """Does all setup once (device, pool, `depth` slots) and returns a Runtime.
 
+        workers: pool workers (default: one per core; the host thread that
+        waits for a run works beside them, so no core is kept for it; pass
+        fewer to leave cores to other work).
         spin_us: how long idle pool workers poll for work before sleeping
         (default 200; 0 when other processes compete for the cores).
         capture: record the orchestration once per capture key and replay it

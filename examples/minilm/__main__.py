@@ -10,7 +10,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m examples.minilm", description=__doc__)
     ap.add_argument("--host", default="127.0.0.1")
     ap.add_argument("--port", type=int, default=8000)
-    ap.add_argument("--workers", type=int, default=None, help="engine pool workers (default: cores - 1)")
+    ap.add_argument("--workers", type=int, default=None, help="engine pool workers (default: one per core)")
     ap.add_argument("--depth", type=int, default=2, help="engine runs in flight (1 = no pipelining)")
     ap.add_argument("--window-ms", type=float, default=2.0, help="micro-batching window")
     ap.add_argument("--max-batch", type=int, default=32, help="most texts per engine run and per request")

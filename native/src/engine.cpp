@@ -14,9 +14,11 @@ namespace tandem {
 namespace {
 constexpr uint64_t kCompactEvery = 1u << 14;  // full tracker sweep period, in submissions
 
+// Every core computes: the host thread needs little of one (it waits most of the time, and a
+// thread waiting for a run runs its tasks meanwhile), so a core kept for it mostly idled.
 int default_workers() {
   const unsigned cores = std::thread::hardware_concurrency();
-  return cores > 1 ? static_cast<int>(cores) - 1 : 1;
+  return cores > 0 ? static_cast<int>(cores) : 1;
 }
 
 uint64_t byte_extent_check(const TensorArg& a) {

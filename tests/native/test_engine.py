@@ -442,10 +442,10 @@ def test_run_times_are_ordered(device, eng, kernels):
     assert t["busy_ns"] >= 2_000_000
 
 
-def test_default_worker_count_is_cores_minus_one(device):
+def test_default_worker_count_is_one_per_core(device):
     e = _native.Engine(device, 0)
     try:
-        assert e.workers == max(1, (os.cpu_count() or 1) - 1)
+        assert e.workers == (os.cpu_count() or 1)
     finally:
         e.close()
 

@@ -53,7 +53,7 @@ struct PreparedCall {
 
 class Engine final : public TaskRunner {
  public:
-  // workers <= 0: max(1, cores - 1). spin_us: how long idle workers poll for
+  // workers <= 0: one per core. spin_us: how long idle workers poll for
   // work before sleeping (lower it when other processes share the cores).
   static constexpr int kDefaultSpinUs = 200;
   Engine(std::shared_ptr<Device> device, int workers, int spin_us = kDefaultSpinUs);
