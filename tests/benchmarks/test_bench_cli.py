@@ -73,6 +73,19 @@ def model_schema(f: dict) -> list[float]:
     return [r[k] for r in f["encode"] for k in ("one_ratio", "engine_one_sps", "torch_one_sps")]
 
 
+def sweep_schema(f: dict) -> list[float]:
+    assert f["engines"] == ["tandem", "torch", "ort"]
+    shapes = [(s["seq_len"], s["batch"]) for s in f["shapes"]]
+    assert shapes == [(16, 1), (16, 8), (64, 1), (64, 8)]
+    out = []
+    for e in f["engines"]:
+        rows = f["results"][e]["rows"]
+        assert [(r["seq_len"], r["batch"]) for r in rows] == shapes
+        assert min(f["results"][e]["probe_cosine_vs_torch"]) >= 0.999  # the same embeddings from every engine
+        out += [r["sentences_per_s"] for r in rows] + [r["p99_ms"] for r in rows if r["batch"] == 1]
+    return out + [r[e] for r in f["ratios_to_torch"] for e in f["engines"]]
+
+
 def decode_schema(f: dict) -> list[float]:
     assert [d["depth"] for d in f["depths"]] == [1, 2]
     return [f["speedup_depth2_over_depth1"], f["overlap_figure"], f["bound_tokens_per_s"]] + [
@@ -95,7 +108,8 @@ def distributed_schema(f: dict) -> list[float]:
 
 SCHEMAS: dict[str, Callable[[dict], list[float]]] = {
     "tasks": tasks_schema, "kernels": kernels_schema, "overlap": overlap_schema, "dispatch": dispatch_schema,
-    "model": model_schema, "decode": decode_schema, "capture": capture_schema, "distributed": distributed_schema,
+    "model": model_schema, "sweep": sweep_schema, "decode": decode_schema, "capture": capture_schema,
+    "distributed": distributed_schema,
 }
 
 
