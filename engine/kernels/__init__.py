@@ -21,6 +21,7 @@ from engine.kernels.builtins import (
     l2_normalize,
     layernorm,
     matmul,
+    matmul_packed,
     max,
     mean,
     mean_pool,
@@ -38,11 +39,12 @@ from engine.kernels.builtins import (
     transpose,
 )
 from engine.kernels import host
+from engine.kernels.packing import pack_panels, packed_shape
 from engine.kernels.signature import READ, READWRITE, REQUIRED, WRITE, Binding, Call, Kernel, Param
 
 __all__ = [
     "Kernel", "Param", "Binding", "Call", "READ", "WRITE", "READWRITE", "REQUIRED", "BUILTINS", "host",
-    "matmul", "add", "sub", "mul", "div", "scale", "relu", "gelu", "silu", "tanh", "exp",
+    "matmul", "matmul_packed", "pack_panels", "packed_shape", "add", "sub", "mul", "div", "scale", "relu", "gelu", "silu", "tanh", "exp",
     "softmax", "layernorm", "rmsnorm", "l2_normalize", "sum", "mean", "max", "argmax", "mean_pool",
     "embedding", "attention", "cast", "transpose", "copy", "fill", "noop", "spin",
 ]  # fmt: skip

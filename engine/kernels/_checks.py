@@ -39,6 +39,47 @@ def matmul(b: Binding) -> None:
         b.out_access = READWRITE
 
 
+PANEL = 16  # columns per panel of a packed operand (engine.kernels.packing)
+
+
+def matmul_packed(b: Binding) -> None:
+    for name in ("a", "bp", "out"):
+        b.expect_dtype(name, (float32,))
+    b.expect_ndim("a", 2)
+    b.expect_ndim("out", 2)
+    b.expect_ndim("bp", 3, 3)
+    a, bp, o = shape(b, "a"), shape(b, "bp"), shape(b, "out")
+    n = o[-1]
+    if bp[1:] != (a[-1], PANEL) or bp[0] != -(-n // PANEL):
+        raise b.type_error(f"argument 'bp' has shape {bp}, expected ({-(-n // PANEL)}, {a[-1]}, {PANEL}): "
+                           f"a K={a[-1]} x N={n} operand packed by engine.kernels.pack_panels")
+    b.expect_shape("out", a[:-1] + (n,), why=lambda: f"a {a} @ the packed operand, N={n} taken from out")
+    st = tuple(b["bp"].strides)
+    if st[2] != 1 or (bp[1] > 1 and st[1] != PANEL) or (bp[0] > 1 and st[0] != bp[1] * PANEL):
+        raise b.value_error("argument 'bp' must be contiguous (a packed operand or a slice of its panels)")
+    for name in ("a", "out"):
+        if not _rows_in_one_stride(b[name]):
+            raise b.value_error(f"argument '{name}' needs a unit column stride and its leading axes in one row "
+                                "stride (a contiguous view or a slice of rows or columns of one)")
+    if b["beta"] != 0.0:
+        b.out_access = READWRITE
+
+
+def _rows_in_one_stride(t: object) -> bool:
+    """Whether t's last axis has stride 1 and its other axes collapse into rows of one stride."""
+    shp, st = tuple(t.shape), tuple(t.strides)  # type: ignore[attr-defined]
+    if shp[-1] > 1 and st[-1] != 1:
+        return False
+    expect = None
+    for d in range(len(shp) - 2, -1, -1):
+        if shp[d] == 1:
+            continue
+        if expect is not None and st[d] != expect:
+            return False
+        expect = st[d] * shp[d]
+    return True
+
+
 def binary(b: Binding) -> None:
     b.expect_dtype("a", FLOATS)
     b.expect_same_dtype("b", "a")

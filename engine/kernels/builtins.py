@@ -18,7 +18,7 @@ from engine.kernels import _checks as c
 from engine.kernels.signature import Kernel, Param
 
 __all__ = [
-    "matmul", "add", "sub", "mul", "div", "scale", "relu", "gelu", "silu", "tanh", "exp",
+    "matmul", "matmul_packed", "add", "sub", "mul", "div", "scale", "relu", "gelu", "silu", "tanh", "exp",
     "softmax", "layernorm", "rmsnorm", "l2_normalize", "sum", "mean", "max", "argmax", "mean_pool",
     "embedding", "attention", "cast", "transpose", "copy", "fill", "noop", "spin", "BUILTINS",
 ]  # fmt: skip
@@ -31,6 +31,17 @@ matmul = Kernel(
     check=c.matmul,
     doc="out = alpha * a @ b + beta * out (b^T with transpose_b). a [..., M, K], b [..., K, N] or [K, N]; "
     "batch dims broadcast. out is read as well when beta != 0 and may not overlap a or b.",
+)  # fmt: skip
+
+
+matmul_packed = Kernel(
+    "matmul_packed", ["a", "bp"],
+    scalars={"alpha": Param(float, 1.0), "beta": Param(float, 0.0)},
+    check=c.matmul_packed,
+    doc="out = alpha * a @ B + beta * out, with B [K, N] panel-packed once by engine.kernels.pack_panels(B): "
+    "bp [ceil(N / 16), K, 16]. For few rows (a batch-1 forward, a decode step), where it reads each weight once "
+    "instead of packing it on every call. a [..., M, K] and out [..., M, N] float32 with unit column strides; "
+    "bp[p0:p1] with out[..., 16 p0:16 p1] is a column slice.",
 )  # fmt: skip
 
 
@@ -118,8 +129,8 @@ spin = Kernel("spin", [], out=None, scalars={"ns": Param(int, ge=0)}, doc="Busy-
 BUILTINS: dict[str, Kernel] = {
     k.name: k
     for k in (
-        matmul, add, sub, mul, div, scale, relu, gelu, silu, tanh, exp, softmax, layernorm, rmsnorm,
-        l2_normalize, sum, mean, max, argmax, mean_pool, embedding, attention, cast, transpose, copy, fill,
+        matmul, matmul_packed, add, sub, mul, div, scale, relu, gelu, silu, tanh, exp, softmax, layernorm,
+        rmsnorm, l2_normalize, sum, mean, max, argmax, mean_pool, embedding, attention, cast, transpose, copy, fill,
         noop, spin,
     )
 }  # fmt: skip

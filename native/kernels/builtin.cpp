@@ -19,6 +19,7 @@ constexpr BuiltinKernel kTable[] = {
     {"transpose", transpose},
     {"embedding", embedding},
     {"matmul", matmul},
+    {"matmul_packed", matmul_packed},
     {"add", add},
     {"sub", sub},
     {"mul", mul},

@@ -24,6 +24,8 @@ TANDEM_KERNEL(transpose);  // (x, out)
 TANDEM_KERNEL(embedding);  // (ids, table, out)
 // matmul.cpp
 TANDEM_KERNEL(matmul);  // (a, b, out; transpose_b, alpha, beta)
+// packed_matmul.cpp
+TANDEM_KERNEL(matmul_packed);  // (a, bp, out; alpha, beta), bp panel-packed [P, K, 16]
 // elementwise.cpp
 TANDEM_KERNEL(add);    // (a, b, out)
 TANDEM_KERNEL(sub);    // (a, b, out)

@@ -15,21 +15,6 @@ namespace tandem::kernels {
 
 namespace {
 
-// Whether axes [first, last] of t collapse into one axis, and its stride.
-bool collapse(const td_tensor& t, int first, int last, int64_t* stride) {
-  int64_t expect = -1;  // stride the next outer non-trivial axis must have
-  *stride = t.strides[last];
-  bool seen = false;
-  for (int d = last; d >= first; --d) {
-    if (t.shape[d] == 1) continue;
-    if (seen && t.strides[d] != expect) return false;
-    if (!seen) *stride = t.strides[d];
-    seen = true;
-    expect = t.strides[d] * t.shape[d];
-  }
-  return true;
-}
-
 struct Problem {
   const td_tensor* a;
   const td_tensor* b;

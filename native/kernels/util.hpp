@@ -95,6 +95,21 @@ inline bool same_shape(const td_tensor& a, const td_tensor& b) {
   return true;
 }
 
+// Whether axes [first, last] of t collapse into one axis, and its stride.
+inline bool collapse(const td_tensor& t, int first, int last, int64_t* stride) {
+  int64_t expect = -1;  // stride the next outer non-trivial axis must have
+  *stride = t.strides[last];
+  bool seen = false;
+  for (int d = last; d >= first; --d) {
+    if (t.shape[d] == 1) continue;
+    if (seen && t.strides[d] != expect) return false;
+    if (!seen) *stride = t.strides[d];
+    seen = true;
+    expect = t.strides[d] * t.shape[d];
+  }
+  return true;
+}
+
 // Address of the element at element offset `off`.
 inline char* elem_ptr(const td_tensor& t, int64_t off) {
   return static_cast<char*>(t.data) + off * static_cast<int64_t>(td_dtype_size(t.dtype));

@@ -1,0 +1,148 @@
+// matmul_packed(a, bp, out; alpha, beta): out = alpha * a @ B + beta * out with
+// B [K, N] given panel-packed, as engine.kernels.pack_panels() lays it out once
+// for a resident weight: bp [P, K, 16], bp[p, k, j] = B[k, 16 p + j], zero past
+// N (P = ceil(N / 16)). a [..., M, K] and out [..., M, N], float32, each with
+// unit column stride and its leading axes collapsible into rows.
+//
+// Why: at few rows (a batch-1 forward, a decode step) a matmul is bound by
+// reading its weights, and sgemm packs the whole weight matrix on every call
+// before it computes. Packed once, a panel streams from memory in one
+// sequential pass per call while a 6 x 16 register block of out accumulates
+// (the BLIS Haswell shape: 6 rows x 16 columns of accumulators, a 16-column
+// row of the panel and one broadcast element of a per step). Rows of a are
+// read from cache: a whole row block of a is a few kB at these sizes.
+//
+// Splitting across workers: a slice bp[p0:p1] with out[:, 16 p0 : 16 p1] is
+// itself a packed operand (its own panels), so a matmul splits by columns
+// along panels without copying anything.
+#include <algorithm>
+#include <cstring>
+
+#include "builtin.hpp"
+#include "simd.hpp"  // TD_CLONES, TD_INLINE
+#include "util.hpp"
+
+// Vector values never cross a call boundary (block() is force-inlined into the clones); the
+// warning comes at the end of the unit, so it stays off for all of it, as in rowops.cpp.
+#pragma GCC diagnostic ignored "-Wpsabi"
+
+namespace tandem::kernels {
+
+namespace {
+
+constexpr int kNR = 16;  // columns per panel (engine.kernels.packing.PANEL)
+constexpr int kMR = 6;
+
+// Eight lanes: a half panel row. The accumulators are kept as 2 x MR separate 32-byte vectors
+// (a 64-byte vector type would be split piecewise on AVX2 and spilled).
+typedef float v8 __attribute__((vector_size(32)));
+
+TD_INLINE v8 load8(const float* p) {
+  v8 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+TD_INLINE void store8(float* p, const v8& v) { std::memcpy(p, &v, sizeof v); }
+
+// out rows [0, MR) x panel columns [0, cols) of one panel.
+template <int MR>
+TD_INLINE void block(const float* a, int64_t lda, const float* panel, int64_t k, float* c, int64_t ldc, int cols,
+                     float alpha, float beta) {
+  v8 lo[MR], hi[MR];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) lo[r] = hi[r] = v8{};
+  for (int64_t kk = 0; kk < k; ++kk) {
+    const v8 b0 = load8(panel + kk * kNR), b1 = load8(panel + kk * kNR + 8);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const float x = a[r * lda + kk];  // scalar * vector: one broadcast from memory
+      lo[r] += x * b0;
+      hi[r] += x * b1;
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+    v8 v0 = lo[r], v1 = hi[r];
+    if (alpha != 1.0f) {
+      v0 *= alpha;
+      v1 *= alpha;
+    }
+    float* cr = c + r * ldc;
+    if (cols == kNR) {
+      if (beta != 0.0f) {  // beta == 0: out is not read (NaN in it ignored)
+        v0 += beta * load8(cr);
+        v1 += beta * load8(cr + 8);
+      }
+      store8(cr, v0);
+      store8(cr + 8, v1);
+    } else {
+      float tmp[kNR];
+      store8(tmp, v0);
+      store8(tmp + 8, v1);
+      for (int j = 0; j < cols; ++j) cr[j] = beta != 0.0f ? tmp[j] + beta * cr[j] : tmp[j];
+    }
+  }
+}
+
+TD_CLONES void packed_gemm(const float* a, int64_t lda, const float* bp, int64_t k, float* c, int64_t ldc, int64_t m,
+                           int64_t n, float alpha, float beta) {
+  const int64_t panels = (n + kNR - 1) / kNR;
+  for (int64_t p = 0; p < panels; ++p) {
+    const float* panel = bp + p * k * kNR;
+    const int cols = static_cast<int>(std::min<int64_t>(kNR, n - p * kNR));
+    float* cp = c + p * kNR;
+    int64_t i = 0;
+    for (; i + kMR <= m; i += kMR) block<kMR>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta);
+    switch (m - i) {
+      case 5: block<5>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+      case 4: block<4>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+      case 3: block<3>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+      case 2: block<2>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+      case 1: block<1>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+      default: break;
+    }
+  }
+}
+
+// Rows of t: its axes before the last collapse into one of stride *row_stride (elements).
+bool rows_of(const td_tensor& t, int64_t* rows, int64_t* row_stride) {
+  *rows = 1;
+  for (int d = 0; d < t.ndim - 1; ++d) *rows *= t.shape[d];
+  return collapse(t, 0, t.ndim - 2, row_stride);
+}
+
+}  // namespace
+
+TANDEM_KERNEL(matmul_packed) {
+  if (args->n_tensors != 3)
+    return fail(err, err_len, "matmul_packed: expected tensors (a, bp, out), got %d", args->n_tensors);
+  const td_tensor& a = args->tensors[0];
+  const td_tensor& bp = args->tensors[1];
+  const td_tensor& out = args->tensors[2];
+  const float alpha = static_cast<float>(scalar_f(args, 0, 1.0));
+  const float beta = static_cast<float>(scalar_f(args, 1, 0.0));
+  if (a.dtype != TD_FLOAT32 || bp.dtype != TD_FLOAT32 || out.dtype != TD_FLOAT32)
+    return fail(err, err_len, "matmul_packed: a, bp and out must be float32 (got %s, %s, %s)", dtype_name(a.dtype),
+                dtype_name(bp.dtype), dtype_name(out.dtype));
+  if (a.ndim < 2 || out.ndim < 2 || bp.ndim != 3 || bp.shape[2] != kNR)
+    return fail(err, err_len, "matmul_packed: a and out must be at least 2-d and bp [panels, K, %d]", kNR);
+  const int64_t k = a.shape[a.ndim - 1], n = out.shape[out.ndim - 1], panels = bp.shape[0];
+  if (bp.shape[1] != k || panels != (n + kNR - 1) / kNR)
+    return fail(err, err_len, "matmul_packed: bp [%lld, %lld, %d] does not pack a K=%lld x N=%lld operand",
+                static_cast<long long>(panels), static_cast<long long>(bp.shape[1]), kNR, static_cast<long long>(k),
+                static_cast<long long>(n));
+  if (bp.strides[2] != 1 || (k > 1 && bp.strides[1] != kNR) || (panels > 1 && bp.strides[0] != k * kNR))
+    return fail(err, err_len, "matmul_packed: bp must be contiguous (a slice of panels of a packed operand)");
+  int64_t m = 0, lda = 0, m_out = 0, ldc = 0;
+  if (!rows_of(a, &m, &lda) || !rows_of(out, &m_out, &ldc) || a.strides[a.ndim - 1] != 1 ||
+      out.strides[out.ndim - 1] != 1)
+    return fail(err, err_len, "matmul_packed: a and out need unit column strides and rows in one stride");
+  if (m_out != m) return fail(err, err_len, "matmul_packed: a has %lld rows, out %lld", static_cast<long long>(m),
+                              static_cast<long long>(m_out));
+  if (m == 0 || n == 0) return 0;
+  packed_gemm(static_cast<const float*>(a.data), lda, static_cast<const float*>(bp.data), k,
+              static_cast<float*>(out.data), ldc, m, n, alpha, beta);
+  return 0;
+}
+
+}  // namespace tandem::kernels
