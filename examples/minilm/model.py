@@ -31,13 +31,14 @@ import numpy as np
 import engine
 from engine import In, Out
 from engine import kernels as K
+from engine.kernels.packing import PANEL
 from examples.minilm.weights import (BertConfig, Layout, default_model_dir, load_config, load_tokenizer,
                                      load_weights)
 
 if TYPE_CHECKING:
     from scheduler import AsyncRuntime, RunFuture
 
-__all__ = ["MIN_CHUNK_ROWS", "MiniLMEncoder", "build_program", "column_ranges", "row_chunks"]
+__all__ = ["MIN_CHUNK_ROWS", "PACKED_MAX_ROWS", "MiniLMEncoder", "build_program", "column_ranges", "row_chunks"]
 
 # Padding keys get this subtracted from their scores: exp() of it is exactly 0,
 # while 0 - 0 stays exactly 0 for real tokens (unlike adding a large number to them).
@@ -45,7 +46,11 @@ _MASK_PENALTY = 1e9
 
 # Token rows per worker below which matmuls are split by output columns rather than rows.
 MIN_CHUNK_ROWS = 128
+# Rows per matmul task up to which the panel-packed weights are read (matmul_packed: each weight
+# streamed once) instead of sgemm packing the weight matrix on every call (benchmarks/README.md).
+PACKED_MAX_ROWS = 128
 _LINE = 16  # float32 columns per 64-byte line
+assert _LINE % PANEL == 0  # so a column range on lines is a range of whole panels
 
 Piece = tuple[int, int, int, int]  # batch rows [b0, b1), query positions [s0, s1)
 
@@ -105,10 +110,12 @@ def column_ranges(n: int, parts: int) -> list[tuple[int, int]]:
     return list(zip(bounds[:-1], bounds[1:]))
 
 
-def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_CHUNK_ROWS) -> engine.Program:
+def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_CHUNK_ROWS,
+                  packed_max_rows: int = PACKED_MAX_ROWS) -> engine.Program:
     """The encoder program for one model shape: (ids, mask, params) -> embeddings.
 
     min_chunk_rows: below this many token rows per worker, matmuls split by columns.
+    packed_max_rows: up to this many rows per matmul task, the panel-packed weights are used.
     """
     hidden, heads, dh = cfg.hidden, cfg.heads, cfg.head_dim
     views = _WeightViews(layout)
@@ -151,10 +158,21 @@ def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_
         # matrices for little work, so each matmul is split by output columns instead.
         by_columns = len(chunks) > 1 and tokens < min_chunk_rows * len(chunks)
 
+        task_rows = tokens if by_columns else max(r1 - r0 for r0, r1, _ in chunks)
+        packed = task_rows <= packed_max_rows
+
         def dense(a: engine.DeviceTensor, wname: str, dst: engine.DeviceTensor, beta: float = 0.0) -> None:
             """dst (+)= a @ w, cut into one task per worker (by rows or by columns)."""
             wt = w[wname]
-            if by_columns:
+            if packed:
+                wp = w[wname + "_p"]
+                if by_columns:  # column ranges fall on 16-column lines, which are whole panels
+                    for c0, c1 in column_ranges(wt.shape[1], len(chunks)):
+                        run.submit(K.matmul_packed, a, wp[c0 // PANEL:-(-c1 // PANEL)], out=dst[:, c0:c1], beta=beta)
+                else:
+                    for r0, r1, _ in chunks:
+                        run.submit(K.matmul_packed, a[r0:r1], wp, out=dst[r0:r1], beta=beta)
+            elif by_columns:
                 for c0, c1 in column_ranges(wt.shape[1], len(chunks)):
                     run.submit(K.matmul, a, wt[:, c0:c1], out=dst[:, c0:c1], beta=beta)
             else:

@@ -21,8 +21,12 @@ from typing import Mapping
 
 import numpy as np
 
-__all__ = ["BertConfig", "Layout", "PackedWeights", "default_model_dir", "load_config", "load_tokenizer",
-           "load_weights", "pack_weights"]
+from engine.kernels import pack_panels
+
+__all__ = ["MATMUL_WEIGHTS", "BertConfig", "Layout", "PackedWeights", "default_model_dir", "load_config",
+           "load_tokenizer", "load_weights", "pack_weights"]
+
+MATMUL_WEIGHTS = ("qkv_w", "o_w", "ff1_w", "ff2_w")  # per layer; each has a panel-packed twin "<name>_p"
 
 # Offsets are rounded up to whole 64-byte lines: BLAS and the SIMD kernels read aligned rows.
 _ALIGN_FLOATS = 16
@@ -176,4 +180,7 @@ def load_weights(model_dir: Path, cfg: BertConfig) -> PackedWeights:
         out[f"{i}.ff2_b"] = get(p + "output.dense.bias", (h,))
         out[f"{i}.ln2_g"] = get(p + "output.LayerNorm.weight", (h,))
         out[f"{i}.ln2_b"] = get(p + "output.LayerNorm.bias", (h,))
+    for i in range(cfg.layers):  # each matmul weight also panel-packed, read by matmul_packed when rows are few
+        for w in MATMUL_WEIGHTS:
+            out[f"{i}.{w}_p"] = pack_panels(out[f"{i}.{w}"])
     return pack_weights(out)

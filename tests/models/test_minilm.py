@@ -149,3 +149,24 @@ async def test_aencode_from_concurrent_tasks(minilm_encoder):
         assert cosine(results[i], exp).min() >= 0.99999
     with pytest.raises(RuntimeError, match="open_async"):
         await minilm_encoder.aencode(["closed again"])
+
+
+def _kernels_of_one_run(enc, texts: list[str]) -> set[str]:
+    ids, mask = enc.pad(enc.tokenize(texts))
+    rt = enc.runtime
+    rt.set_tracing(True)
+    try:
+        rt(ids, mask, enc.params)
+        _, events = rt.drain_trace()
+    finally:
+        rt.set_tracing(False)
+    return {e[5] for e in events}
+
+
+def test_few_rows_read_the_panel_packed_weights_and_many_go_through_sgemm(minilm_encoder):
+    # 2 x 6 tokens: every matmul task has 12 rows, at most PACKED_MAX_ROWS (the varied set above checks
+    # the embeddings of both paths against sentence-transformers).
+    few = _kernels_of_one_run(minilm_encoder, ["Hello, world!", "a b c d"])
+    assert "matmul_packed" in few and "matmul" not in few
+    many = _kernels_of_one_run(minilm_encoder, [words(128, shift=i) for i in range(4)])
+    assert "matmul" in many and "matmul_packed" not in many
