@@ -141,6 +141,13 @@ def cases(quick: bool) -> list[Case]:
     q, kt = f32(24, 128, 64), f32(24, 64, 128)
     add(Case("matmul", "[24,128,64]@[24,64,128]", "float32", prepared(K.matmul, q, kt, out=np.empty((24, 128, 128), np.float32)),
              lambda: q @ kt, "q @ kt"))  # fmt: skip
+    # matmul_packed: few rows against panel-packed weights (a batch-1 forward), vs numpy's sgemm on the
+    # unpacked ones; the weights warm in cache here (in a model they stream from memory).
+    for m, k, n in ((11, 384, 1152), (16, 1536, 384), (64, 384, 1536)):
+        xa, wb = f32(m, k), f32(k, n)
+        po, no = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
+        add(Case("matmul_packed", f"{m}x{k}x{n}", "float32", prepared(K.matmul_packed, xa, K.pack_panels(wb), out=po),
+                 functools.partial(np.matmul, xa, wb, out=no), "np.matmul(a, b, out=)"))  # fmt: skip
     a16, b16 = f32(512, 512), f32(512, 512)
     ta, tb = torch.from_numpy(a16).to(torch.bfloat16), torch.from_numpy(b16).to(torch.bfloat16)
     add(Case("matmul", "512x512x512", "bfloat16",
