@@ -57,6 +57,12 @@ def matmul_packed(b: Binding) -> None:
     st = tuple(b["bp"].strides)
     if st[2] != 1 or (bp[1] > 1 and st[1] != PANEL) or (bp[0] > 1 and st[0] != bp[1] * PANEL):
         raise b.value_error("argument 'bp' must be contiguous (a packed operand or a slice of its panels)")
+    bias = b.get("bias")
+    if bias is not None:
+        b.expect_dtype("bias", (float32,))
+        b.expect_shape("bias", (n,), why=f"one value per output column, N={n}")
+        if n > 1 and tuple(bias.strides)[-1] != 1:
+            raise b.value_error("argument 'bias' must be contiguous")
     for name in ("a", "out"):
         if not _rows_in_one_stride(b[name]):
             raise b.value_error(f"argument '{name}' needs a unit column stride and its leading axes in one row "

@@ -35,13 +35,15 @@ matmul = Kernel(
 
 
 matmul_packed = Kernel(
-    "matmul_packed", ["a", "bp"],
-    scalars={"alpha": Param(float, 1.0), "beta": Param(float, 0.0)},
+    "matmul_packed", ["a", "bp"], optional=["bias"],
+    scalars={"alpha": Param(float, 1.0), "beta": Param(float, 0.0), "activation": Param(("none", "gelu"), "none")},
     check=c.matmul_packed,
-    doc="out = alpha * a @ B + beta * out, with B [K, N] panel-packed once by engine.kernels.pack_panels(B): "
+    doc="out = act(alpha * a @ B + beta * out + bias), with B [K, N] panel-packed once by "
+    "engine.kernels.pack_panels(B): "
     "bp [ceil(N / 16), K, 16]. For few rows (a batch-1 forward, a decode step), where it reads each weight once "
     "instead of packing it on every call. a [..., M, K] and out [..., M, N] float32 with unit column strides; "
-    "bp[p0:p1] with out[..., 16 p0:16 p1] is a column slice.",
+    "bp[p0:p1] with out[..., 16 p0:16 p1] (and bias[16 p0:16 p1]) is a column slice. bias: a contiguous [N] "
+    "vector; activation 'gelu' is the exact (erf) GELU, as K.gelu.",
 )  # fmt: skip
 
 

@@ -161,23 +161,30 @@ def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_
         task_rows = tokens if by_columns else max(r1 - r0 for r0, r1, _ in chunks)
         packed = task_rows <= packed_max_rows
 
-        def dense(a: engine.DeviceTensor, wname: str, dst: engine.DeviceTensor, beta: float = 0.0) -> None:
-            """dst (+)= a @ w, cut into one task per worker (by rows or by columns)."""
-            wt = w[wname]
+        def dense(a: engine.DeviceTensor, name: str, dst: engine.DeviceTensor, beta: float = 0.0,
+                  gelu: bool = False) -> None:
+            """dst = [gelu](a @ W + beta * dst + b) for the weight `name`_w and bias `name`_b, cut into one
+            task per worker (by rows or by columns). Packed: the bias and GELU are the matmul's epilogue."""
+            wt, bv = w[name + "_w"], w[name + "_b"]
             if packed:
-                wp = w[wname + "_p"]
+                wp, act = w[name + "_w_p"], "gelu" if gelu else "none"
                 if by_columns:  # column ranges fall on 16-column lines, which are whole panels
                     for c0, c1 in column_ranges(wt.shape[1], len(chunks)):
-                        run.submit(K.matmul_packed, a, wp[c0 // PANEL:-(-c1 // PANEL)], out=dst[:, c0:c1], beta=beta)
+                        run.submit(K.matmul_packed, a, wp[c0 // PANEL:-(-c1 // PANEL)], bias=bv[c0:c1],
+                                   out=dst[:, c0:c1], beta=beta, activation=act)
                 else:
                     for r0, r1, _ in chunks:
-                        run.submit(K.matmul_packed, a[r0:r1], wp, out=dst[r0:r1], beta=beta)
-            elif by_columns:
+                        run.submit(K.matmul_packed, a[r0:r1], wp, bias=bv, out=dst[r0:r1], beta=beta, activation=act)
+                return
+            if by_columns:
                 for c0, c1 in column_ranges(wt.shape[1], len(chunks)):
                     run.submit(K.matmul, a, wt[:, c0:c1], out=dst[:, c0:c1], beta=beta)
             else:
                 for r0, r1, _ in chunks:
                     run.submit(K.matmul, a[r0:r1], wt, out=dst[r0:r1], beta=beta)
+            rows(K.add, dst, bv)
+            if gelu:
+                rows(K.gelu, dst)
 
         def rows(kernel: engine.kernels.Kernel, t: engine.DeviceTensor, *more: engine.DeviceTensor,
                  **scalars: float) -> None:
@@ -187,8 +194,7 @@ def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_
 
         for layer in range(cfg.layers):
             p = f"{layer}."
-            dense(x, p + "qkv_w", qkv)
-            rows(K.add, qkv, w[p + "qkv_b"])
+            dense(x, p + "qkv", qkv)
             for _, _, pieces in chunks:
                 for b0, b1, s0, s1 in pieces:
                     for h in range(heads):
@@ -198,15 +204,11 @@ def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_
                                    qkv3[b0:b1, :, 2 * hidden + c:2 * hidden + c + dh],
                                    mask=bias[b0:b1], out=ctx3[b0:b1, s0:s1, c:c + dh])
             # x = layernorm(x + ctx @ Wo + bo): the residual is matmul's beta=1 accumulator.
-            dense(ctx, p + "o_w", x, beta=1.0)
-            rows(K.add, x, w[p + "o_b"])
+            dense(ctx, p + "o", x, beta=1.0)
             rows(K.layernorm, x, w[p + "ln1_g"], w[p + "ln1_b"], eps=eps)
             # x = layernorm(x + gelu(x @ W1 + b1) @ W2 + b2)
-            dense(x, p + "ff1_w", ff)
-            rows(K.add, ff, w[p + "ff1_b"])
-            rows(K.gelu, ff)
-            dense(ff, p + "ff2_w", x, beta=1.0)
-            rows(K.add, x, w[p + "ff2_b"])
+            dense(x, p + "ff1", ff, gelu=True)
+            dense(ff, p + "ff2", x, beta=1.0)
             rows(K.layernorm, x, w[p + "ln2_g"], w[p + "ln2_b"], eps=eps)
 
         # Masked mean over real tokens, then unit length (sentence-transformers' Pooling + Normalize).

@@ -1,4 +1,5 @@
-// matmul_packed(a, bp, out; alpha, beta): out = alpha * a @ B + beta * out with
+// matmul_packed(a, bp, [bias,] out; alpha, beta, activation):
+// out = act(alpha * a @ B + beta * out + bias) with
 // B [K, N] given panel-packed, as engine.kernels.pack_panels() lays it out once
 // for a resident weight: bp [P, K, 16], bp[p, k, j] = B[k, 16 p + j], zero past
 // N (P = ceil(N / 16)). a [..., M, K] and out [..., M, N], float32, each with
@@ -12,6 +13,10 @@
 // row of the panel and one broadcast element of a per step). Rows of a are
 // read from cache: a whole row block of a is a few kB at these sizes.
 //
+// The epilogue (bias [N], then GELU when activation is 1) runs over each row
+// block of out once its panels are done, while it is still in cache: the add
+// and the activation a model would otherwise run as tasks of their own.
+//
 // Splitting across workers: a slice bp[p0:p1] with out[:, 16 p0 : 16 p1] is
 // itself a packed operand (its own panels), so a matmul splits by columns
 // along panels without copying anything.
@@ -19,6 +24,7 @@
 #include <cstring>
 
 #include "builtin.hpp"
+#include "rowops.hpp"
 #include "simd.hpp"  // TD_CLONES, TD_INLINE
 #include "util.hpp"
 
@@ -114,13 +120,18 @@ bool rows_of(const td_tensor& t, int64_t* rows, int64_t* row_stride) {
 }  // namespace
 
 TANDEM_KERNEL(matmul_packed) {
-  if (args->n_tensors != 3)
-    return fail(err, err_len, "matmul_packed: expected tensors (a, bp, out), got %d", args->n_tensors);
+  if (args->n_tensors != 3 && args->n_tensors != 4)
+    return fail(err, err_len, "matmul_packed: expected tensors (a, bp, [bias,] out), got %d", args->n_tensors);
   const td_tensor& a = args->tensors[0];
   const td_tensor& bp = args->tensors[1];
-  const td_tensor& out = args->tensors[2];
+  const td_tensor* bias = args->n_tensors == 4 ? &args->tensors[2] : nullptr;
+  const td_tensor& out = args->tensors[args->n_tensors - 1];
   const float alpha = static_cast<float>(scalar_f(args, 0, 1.0));
   const float beta = static_cast<float>(scalar_f(args, 1, 0.0));
+  const int64_t activation = scalar_i(args, 2, 0);
+  if (activation != 0 && activation != 1)
+    return fail(err, err_len, "matmul_packed: activation %lld is not 0 (none) or 1 (gelu)",
+                static_cast<long long>(activation));
   if (a.dtype != TD_FLOAT32 || bp.dtype != TD_FLOAT32 || out.dtype != TD_FLOAT32)
     return fail(err, err_len, "matmul_packed: a, bp and out must be float32 (got %s, %s, %s)", dtype_name(a.dtype),
                 dtype_name(bp.dtype), dtype_name(out.dtype));
@@ -137,11 +148,27 @@ TANDEM_KERNEL(matmul_packed) {
   if (!rows_of(a, &m, &lda) || !rows_of(out, &m_out, &ldc) || a.strides[a.ndim - 1] != 1 ||
       out.strides[out.ndim - 1] != 1)
     return fail(err, err_len, "matmul_packed: a and out need unit column strides and rows in one stride");
+  if (bias != nullptr && (bias->dtype != TD_FLOAT32 || bias->ndim != 1 || bias->shape[0] != n ||
+                          (n > 1 && bias->strides[0] != 1)))
+    return fail(err, err_len, "matmul_packed: bias must be a contiguous float32 [N=%lld] vector",
+                static_cast<long long>(n));
   if (m_out != m) return fail(err, err_len, "matmul_packed: a has %lld rows, out %lld", static_cast<long long>(m),
                               static_cast<long long>(m_out));
   if (m == 0 || n == 0) return 0;
-  packed_gemm(static_cast<const float*>(a.data), lda, static_cast<const float*>(bp.data), k,
-              static_cast<float*>(out.data), ldc, m, n, alpha, beta);
+  float* c = static_cast<float*>(out.data);
+  // Row blocks small enough that the epilogue finds them in cache (and the weights are read once
+  // per block: one block whenever M <= kRowBlock, the case this kernel is for).
+  constexpr int64_t kRowBlock = 128;
+  for (int64_t r0 = 0; r0 < m; r0 += kRowBlock) {
+    const int64_t rows = std::min(kRowBlock, m - r0);
+    packed_gemm(static_cast<const float*>(a.data) + r0 * lda, lda, static_cast<const float*>(bp.data), k, c + r0 * ldc,
+                ldc, rows, n, alpha, beta);
+    for (int64_t r = r0; r < r0 + rows; ++r) {
+      float* row = c + r * ldc;
+      if (bias != nullptr) ops::add(row, static_cast<const float*>(bias->data), row, n);
+      if (activation == 1) ops::gelu(row, row, n);
+    }
+  }
   return 0;
 }
 

@@ -108,3 +108,50 @@ def test_bad_calls_are_refused_before_anything_runs(rng):
     with pytest.raises(TypeError, match="dtype"):
         run(K.matmul_packed, tensor(rng.standard_normal((4, 8)), float16), packed(b), out=out)
     assert np.isnan(out.array).all()  # none of them ran
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    from math import erf
+
+    return 0.5 * x * (1.0 + np.vectorize(erf)(x / math.sqrt(2.0)))
+
+
+@pytest.mark.parametrize("activation", ["none", "gelu"])
+@pytest.mark.parametrize("beta", [0.0, 1.0])
+def test_bias_and_gelu_epilogue(rng, activation, beta):
+    m, k, n = 13, 30, 37
+    a = tensor(rng.standard_normal((m, k)), float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    c0 = rng.standard_normal((m, n)).astype(np.float32)
+    out = tensor(c0, float32)
+    run(K.matmul_packed, a, packed(b), bias=HostTensor(bias, float32), out=out, beta=beta, activation=activation)
+    ref = a.f64() @ b.astype(np.float64) + beta * c0 + bias
+    check(out, _gelu(ref) if activation == "gelu" else ref, k)
+
+
+def test_a_bias_slice_goes_with_its_panels(rng):
+    m, k, n = 5, 12, 40
+    a = tensor(rng.standard_normal((m, k)), float32)
+    b = rng.standard_normal((k, n)).astype(np.float32)
+    bias = rng.standard_normal(n).astype(np.float32)
+    bp = K.pack_panels(b)
+    out = np.full((m, n), np.nan, np.float32)
+    for p0, p1 in [(0, 1), (1, 3)]:
+        c0, c1 = 16 * p0, min(n, 16 * p1)
+        run(K.matmul_packed, a, HostTensor(bp[p0:p1], float32), bias=HostTensor(bias[c0:c1], float32),
+            out=HostTensor(out[:, c0:c1], float32), activation="gelu")
+    check(HostTensor(out, float32), _gelu(a.f64() @ b.astype(np.float64) + bias), k)
+
+
+def test_a_bad_bias_is_refused(rng):
+    a = tensor(rng.standard_normal((4, 8)), float32)
+    b = rng.standard_normal((8, 20)).astype(np.float32)
+    out = empty((4, 20), float32)
+    with pytest.raises(TypeError, match="'bias' has shape"):
+        run(K.matmul_packed, a, packed(b), bias=HostTensor(np.zeros(16, np.float32), float32), out=out)
+    with pytest.raises(ValueError, match="'bias' must be contiguous"):
+        run(K.matmul_packed, a, packed(b), bias=HostTensor(np.zeros(40, np.float32)[::2], float32), out=out)
+    with pytest.raises(ValueError, match="activation"):
+        run(K.matmul_packed, a, packed(b), out=out, activation="relu")
+    assert np.isnan(out.array).all()
