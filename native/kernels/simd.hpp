@@ -57,8 +57,45 @@ TD_INLINE vfloat from_bits(const vint& v) { return __builtin_bit_cast(vfloat, v)
 TD_INLINE vfloat abs(const vfloat& v) { return from_bits(bits(v) & 0x7fffffff); }
 TD_INLINE vfloat sign_of(const vfloat& v) { return from_bits(bits(v) & static_cast<int32_t>(0x80000000u)); }
 // Clamps that keep NaN (a NaN lane compares false and passes through).
-TD_INLINE vfloat at_least(const vfloat& v, float lo) { return v < splat(lo) ? splat(lo) : v; }
-TD_INLINE vfloat at_most(const vfloat& v, float hi) { return v > splat(hi) ? splat(hi) : v; }
+// The math below is written once over a vector type V and evaluated on 8-lane halves: without
+// AVX-512, GCC lowers comparisons and selects of 64-byte vectors lane by lane (scalar compares,
+// blends and spills), while 32-byte ones become one vcmpps / vblendvps each.
+typedef float vhalf __attribute__((vector_size(32)));
+template <class V>
+using mask_of = decltype(V{} < V{});
+template <class V>
+TD_INLINE V splat_as(float s) {
+  return V{} + s;
+}
+template <class V>
+TD_INLINE mask_of<V> bits_of(const V& v) {
+  return __builtin_bit_cast(mask_of<V>, v);
+}
+template <class V>
+TD_INLINE V at_least(const V& v, float lo) {
+  return v < splat_as<V>(lo) ? splat_as<V>(lo) : v;
+}
+template <class V>
+TD_INLINE V at_most(const V& v, float hi) {
+  return v > splat_as<V>(hi) ? splat_as<V>(hi) : v;
+}
+// A 16-lane vector's 8-lane halves, and back.
+TD_INLINE vhalf low_half(const vfloat& x) {
+  vhalf h;
+  std::memcpy(&h, &x, sizeof h);
+  return h;
+}
+TD_INLINE vhalf high_half(const vfloat& x) {
+  vhalf h;
+  std::memcpy(&h, reinterpret_cast<const char*>(&x) + sizeof h, sizeof h);
+  return h;
+}
+TD_INLINE vfloat join(const vhalf& lo, const vhalf& hi) {
+  vfloat r;
+  std::memcpy(&r, &lo, sizeof lo);
+  std::memcpy(reinterpret_cast<char*>(&r) + sizeof lo, &hi, sizeof hi);
+  return r;
+}
 
 constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to an integer
 constexpr float kLog2e = 1.44269504088896341f;
@@ -68,15 +105,18 @@ constexpr float kExpMin = -86.5f;       // below: 0 (the result would be under 2
 constexpr float kExpMax = 88.72283935546875f;  // above: inf
 
 // exp(x) = 2^n exp(r): n = round(x log2e), r = x - n ln2 in [-ln2/2, ln2/2].
-TD_INLINE vfloat exp(const vfloat& x) {
-  const vint under = x < splat(kExpMin);
-  const vint over = x > splat(kExpMax);
-  const vfloat xc = at_most(at_least(x, kExpMin), kExpMax);
-  const vfloat t = xc * kLog2e + kRound;  // t's low mantissa bits hold n
-  const vfloat fn = t - kRound;
-  const vfloat r = (xc - fn * kLn2Hi) + fn * kLn2Lo;
+template <class V>
+TD_INLINE V exp_of(const V& x) {
+  using M = mask_of<V>;
+  typedef uint32_t U __attribute__((vector_size(sizeof(V))));
+  const M under = x < splat_as<V>(kExpMin);
+  const M over = x > splat_as<V>(kExpMax);
+  const V xc = at_most(at_least(x, kExpMin), kExpMax);
+  const V t = xc * kLog2e + kRound;  // t's low mantissa bits hold n
+  const V fn = t - kRound;
+  const V r = (xc - fn * kLn2Hi) + fn * kLn2Lo;
   // Cephes expf polynomial, ~1 ulp on the reduced range.
-  vfloat p = splat(1.9875691500e-4f);
+  V p = splat_as<V>(1.9875691500e-4f);
   p = p * r + 1.3981999507e-3f;
   p = p * r + 8.3334519073e-3f;
   p = p * r + 4.1665795894e-2f;
@@ -84,30 +124,40 @@ TD_INLINE vfloat exp(const vfloat& x) {
   p = p * r + 5.0000001201e-1f;
   p = p * (r * r) + r + 1.0f;
   // 2^(n-1) built from t's bits, times 2p: n reaches 128 at the top of the range.
-  const vuint biased = __builtin_bit_cast(vuint, bits(t) + (126 - 0x4B400000));
-  vfloat y = (p + p) * __builtin_bit_cast(vfloat, biased << 23);
-  y = under ? splat(0.0f) : y;
-  return over ? splat(__builtin_inff()) : y;
+  const U biased = __builtin_bit_cast(U, bits_of(t) + (126 - 0x4B400000));
+  V y = (p + p) * __builtin_bit_cast(V, biased << 23);
+  y = under ? splat_as<V>(0.0f) : y;
+  return over ? splat_as<V>(__builtin_inff()) : y;
+}
+TD_INLINE vfloat exp(const vfloat& x) {
+  return join(exp_of(low_half(x)), exp_of(high_half(x)));
 }
 
 // tanh(x) = x P(x^2) / Q(x^2) on [-9, 9] (a rational fit, relative error <
 // 4e-7), +-1 beyond, where float32 tanh rounds to 1.
-TD_INLINE vfloat tanh(const vfloat& x) {
-  const vint saturated = abs(x) > splat(9.0f);
-  const vfloat xc = at_most(at_least(x, -9.0f), 9.0f);
-  const vfloat z = xc * xc;
-  vfloat p = splat(1.3442281954212376e-08f);
+template <class V>
+TD_INLINE V tanh_of(const V& x) {
+  using M = mask_of<V>;
+  const V ax = __builtin_bit_cast(V, bits_of(x) & 0x7fffffff);
+  const M saturated = ax > splat_as<V>(9.0f);
+  const V xc = at_most(at_least(x, -9.0f), 9.0f);
+  const V z = xc * xc;
+  V p = splat_as<V>(1.3442281954212376e-08f);
   p = p * z + 2.067957575491164e-05f;
   p = p * z + 0.003500196849927306f;
   p = p * z + 0.13385017216205597f;
   p = p * z + 1.0f;
-  vfloat q = splat(7.81454559728445e-07f);
+  V q = splat_as<V>(7.81454559728445e-07f);
   q = q * z + 0.0003292941546533257f;
   q = q * z + 0.025894857943058014f;
   q = q * z + 0.467183381319046f;
   q = q * z + 1.0f;
-  const vfloat y = xc * p / q;
-  return saturated ? from_bits(bits(splat(1.0f)) | bits(sign_of(x))) : y;
+  const V y = xc * p / q;
+  const M one_with_sign = bits_of(splat_as<V>(1.0f)) | (bits_of(x) & static_cast<int32_t>(0x80000000u));
+  return saturated ? __builtin_bit_cast(V, one_with_sign) : y;
+}
+TD_INLINE vfloat tanh(const vfloat& x) {
+  return join(tanh_of(low_half(x)), tanh_of(high_half(x)));
 }
 
 // x * sigmoid(u) = x / (1 + exp(-u)): both tails keep their relative precision.
@@ -123,22 +173,26 @@ TD_INLINE vfloat gelu_tanh(const vfloat& x) {
 
 // erf(z) = z P(z^2) / Q(z^2) on [-3.9, 3.9] (a rational fit, relative error
 // < 5e-7), +-1 beyond, where float32 erf rounds to 1.
-TD_INLINE vfloat erf(const vfloat& z) {
-  const vfloat zc = at_most(at_least(z, -3.9f), 3.9f);
-  const vfloat s = zc * zc;
-  vfloat p = splat(2.084872448904207e-06f);
+template <class V>
+TD_INLINE V erf_of(const V& z) {
+  const V zc = at_most(at_least(z, -3.9f), 3.9f);
+  const V s = zc * zc;
+  V p = splat_as<V>(2.084872448904207e-06f);
   p = p * s + 0.0002839842636603862f;
   p = p * s + 0.003670047502964735f;
   p = p * s + 0.05245712026953697f;
   p = p * s + 0.1880134493112564f;
   p = p * s + 1.1283791065216064f;
-  vfloat q = splat(3.840496719931252e-05f);
+  V q = splat_as<V>(3.840496719931252e-05f);
   q = q * s + 0.0011417078785598278f;
   q = q * s + 0.014776499010622501f;
   q = q * s + 0.11314265429973602f;
   q = q * s + 0.49995559453964233f;
   q = q * s + 1.0f;
   return zc * p / q;
+}
+TD_INLINE vfloat erf(const vfloat& z) {
+  return join(erf_of(low_half(z)), erf_of(high_half(z)));
 }
 
 // gelu(x) = 0.5 x (1 + erf(x / sqrt 2)), the formulation torch uses: relative
@@ -193,7 +247,6 @@ TD_INLINE void map(const float* x, float* o, int64_t n, const F& f) {
   if (i < n) map_part(x + i, o + i, n - i, f);
 }
 
-typedef float vhalf __attribute__((vector_size(32)));
 template <class V>
 TD_INLINE V load_as(const float* p) {
   V v;
