@@ -183,7 +183,7 @@ void bind_engine(py::module_& m) {
              std::vector<ReplayBase> b;
              b.reserve(bases.size());
              for (const auto& [addr, alloc_id, origin] : bases) b.push_back(ReplayBase{addr, alloc_id, origin});
-             return std::make_shared<ReplayPlan>(std::move(recording), std::move(b));
+             return std::make_shared<ReplayPlan>(std::move(recording), b);
            }),
            py::arg("recording"), py::arg("bases"), "bases: (address, alloc id, origin) per base the recording names")
       .def_property_readonly("task_count", [](const ReplayPlan& p) { return p.entries().size(); })

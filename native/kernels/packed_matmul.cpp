@@ -21,7 +21,6 @@
 // itself a packed operand (its own panels), so a matmul splits by columns
 // along panels without copying anything.
 #include <algorithm>
-#include <cstring>
 
 #include "builtin.hpp"
 #include "rowops.hpp"
@@ -41,14 +40,9 @@ constexpr int kMR = 6;
 
 // Eight lanes: a half panel row. The accumulators are kept as 2 x MR separate 32-byte vectors
 // (a 64-byte vector type would be split piecewise on AVX2 and spilled).
-typedef float v8 __attribute__((vector_size(32)));
-
-TD_INLINE v8 load8(const float* p) {
-  v8 v;
-  std::memcpy(&v, p, sizeof v);
-  return v;
-}
-TD_INLINE void store8(float* p, const v8& v) { std::memcpy(p, &v, sizeof v); }
+using v8 = simd::vhalf;
+TD_INLINE v8 load8(const float* p) { return simd::load_as<v8>(p); }
+TD_INLINE void store8(float* p, const v8& v) { simd::store_as(p, v); }
 
 // out rows [0, MR) x panel columns [0, cols) of one panel.
 template <int MR>

@@ -54,9 +54,6 @@ TD_INLINE void store(float* p, const vfloat& v) { std::memcpy(p, &v, sizeof v); 
 TD_INLINE vfloat splat(float s) { return vfloat{} + s; }
 TD_INLINE vint bits(const vfloat& v) { return __builtin_bit_cast(vint, v); }
 TD_INLINE vfloat from_bits(const vint& v) { return __builtin_bit_cast(vfloat, v); }
-TD_INLINE vfloat abs(const vfloat& v) { return from_bits(bits(v) & 0x7fffffff); }
-TD_INLINE vfloat sign_of(const vfloat& v) { return from_bits(bits(v) & static_cast<int32_t>(0x80000000u)); }
-// Clamps that keep NaN (a NaN lane compares false and passes through).
 // The math below is written once over a vector type V and evaluated on 8-lane halves: without
 // AVX-512, GCC lowers comparisons and selects of 64-byte vectors lane by lane (scalar compares,
 // blends and spills), while 32-byte ones become one vcmpps / vblendvps each.
@@ -71,6 +68,15 @@ template <class V>
 TD_INLINE mask_of<V> bits_of(const V& v) {
   return __builtin_bit_cast(mask_of<V>, v);
 }
+template <class V>
+TD_INLINE V abs(const V& v) {
+  return __builtin_bit_cast(V, bits_of(v) & 0x7fffffff);
+}
+template <class V>
+TD_INLINE V sign_of(const V& v) {
+  return __builtin_bit_cast(V, bits_of(v) & static_cast<int32_t>(0x80000000u));
+}
+// Clamps that keep NaN (a NaN lane compares false and passes through).
 template <class V>
 TD_INLINE V at_least(const V& v, float lo) {
   return v < splat_as<V>(lo) ? splat_as<V>(lo) : v;
@@ -138,8 +144,7 @@ TD_INLINE vfloat exp(const vfloat& x) {
 template <class V>
 TD_INLINE V tanh_of(const V& x) {
   using M = mask_of<V>;
-  const V ax = __builtin_bit_cast(V, bits_of(x) & 0x7fffffff);
-  const M saturated = ax > splat_as<V>(9.0f);
+  const M saturated = abs(x) > splat_as<V>(9.0f);
   const V xc = at_most(at_least(x, -9.0f), 9.0f);
   const V z = xc * xc;
   V p = splat_as<V>(1.3442281954212376e-08f);
@@ -153,8 +158,7 @@ TD_INLINE V tanh_of(const V& x) {
   q = q * z + 0.467183381319046f;
   q = q * z + 1.0f;
   const V y = xc * p / q;
-  const M one_with_sign = bits_of(splat_as<V>(1.0f)) | (bits_of(x) & static_cast<int32_t>(0x80000000u));
-  return saturated ? __builtin_bit_cast(V, one_with_sign) : y;
+  return saturated ? __builtin_bit_cast(V, bits_of(splat_as<V>(1.0f)) | bits_of(sign_of(x))) : y;
 }
 TD_INLINE vfloat tanh(const vfloat& x) {
   return join(tanh_of(low_half(x)), tanh_of(high_half(x)));

@@ -84,14 +84,14 @@ void Recording::seal(const std::vector<uint32_t>& private_bases) {
   sealed_ = true;
 }
 
-ReplayPlan::ReplayPlan(std::shared_ptr<const Recording> recording, std::vector<ReplayBase> bases)
-    : recording_(std::move(recording)), bases_(std::move(bases)) {
+ReplayPlan::ReplayPlan(std::shared_ptr<const Recording> recording, const std::vector<ReplayBase>& bases)
+    : recording_(std::move(recording)) {
   if (!recording_) throw InvalidArgument("replay plan: no recording");
   const Recording& rec = *recording_;
   if (!rec.sealed()) throw InvalidArgument("replay plan: the recording is not sealed");
-  if (bases_.size() < rec.base_count()) {
+  if (bases.size() < rec.base_count()) {
     throw InvalidArgument("replay plan: the recording names " + std::to_string(rec.base_count()) + " bases, got " +
-                          std::to_string(bases_.size()));
+                          std::to_string(bases.size()));
   }
   const std::vector<Recording::Task>& tasks = rec.tasks();
   size_t n_views = 0, n_scalars = 0;
@@ -115,7 +115,7 @@ ReplayPlan::ReplayPlan(std::shared_ptr<const Recording> recording, std::vector<R
     e.n_dependents = static_cast<uint32_t>(t.dependents.size());
     entries_.push_back(e);
     for (const Recording::Arg& a : t.args) {
-      const ReplayBase& b = bases_[a.base];
+      const ReplayBase& b = bases[a.base];
       td_tensor v = a.view;
       v.data = reinterpret_cast<void*>(b.addr + static_cast<uintptr_t>(a.data_offset));
       views_.push_back(v);

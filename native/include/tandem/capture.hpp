@@ -123,10 +123,9 @@ class ReplayPlan {
   };
 
   // Throws InvalidArgument when the recording is not sealed or names more bases than given.
-  ReplayPlan(std::shared_ptr<const Recording> recording, std::vector<ReplayBase> bases);
+  ReplayPlan(std::shared_ptr<const Recording> recording, const std::vector<ReplayBase>& bases);
 
   const Recording& recording() const { return *recording_; }
-  const std::vector<ReplayBase>& bases() const { return bases_; }
   const std::vector<Entry>& entries() const { return entries_; }
   const td_tensor* views(const Entry& e) const { return views_.data() + e.first_view; }
   const td_scalar* scalars(const Entry& e) const { return scalars_.data() + e.first_scalar; }
@@ -134,7 +133,6 @@ class ReplayPlan {
 
  private:
   std::shared_ptr<const Recording> recording_;
-  std::vector<ReplayBase> bases_;
   std::vector<Entry> entries_;
   std::vector<td_tensor> views_;
   std::vector<td_scalar> scalars_;
