@@ -6,7 +6,9 @@ Runtime, engine.distributed's DistributedRuntime); another one plugs in by
 implementing the base's hooks, or a test's fake by implementing this
 protocol directly. A run moves through it as:
 
-    bind(args, kwargs) -> BoundCall           validation: nothing reaches the device yet
+    bind(args, kwargs) -> BoundCall           validation: nothing reaches the device yet (a captured
+                                              runtime's call shaped like one it replayed before:
+                                              engine.call_cache.CachedBinding)
     try_admit(notify) -> Lease | None         one of `depth` slots, and the run's state; None: all are held
     launch(call, lease, ...) -> Launched      stage, orchestrate, seal: the device may run from here
     completions().drain_completed()           ids of notifying runs completed since the last drain
@@ -26,6 +28,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Protocol, TypeVar, runtime_check
 if TYPE_CHECKING:
     from engine import _native
     from engine.binding import BoundCall
+    from engine.call_cache import CachedBinding
 
 __all__ = ["Backend", "CompletionSource", "Launched", "Lease", "RunState", "RunT"]
 
@@ -97,7 +100,7 @@ class Backend(Protocol[RunT]):
     def completions(self) -> CompletionSource:
         """The completion source; it stays valid (its fd open) for as long as the caller holds it."""
 
-    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> "BoundCall":
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> "BoundCall | CachedBinding":
         """Checks one call's arguments against the signature: TypeError / ValueError before admission."""
 
     def try_admit(self, notify: bool) -> "Lease[RunT] | None":
@@ -110,7 +113,7 @@ class Backend(Protocol[RunT]):
     def abandon(self, lease: "Lease[RunT]") -> None:
         """Gives back a lease that will not be launched: its slot frees, nothing reached the device."""
 
-    def launch(self, call: "BoundCall", lease: "Lease[RunT]", dispatch_ns: int, log: "_native.RunLog | None",
+    def launch(self, call: "BoundCall | CachedBinding", lease: "Lease[RunT]", dispatch_ns: int, log: "_native.RunLog | None",
                launch_ns: int = 0) -> "Launched[RunT]":
         """Stages the inputs, runs the orchestration and seals the run; the device may still be running it.
 

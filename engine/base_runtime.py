@@ -47,6 +47,7 @@ from engine.memory import DeviceMemoryHandle
 from engine.validation import check_bounds, check_callbacks, check_positive_int
 
 if TYPE_CHECKING:
+    from engine.call_cache import CachedBinding
     from engine.capture import Capture
     from engine.program import ProgramBase
 
@@ -118,7 +119,7 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
     def abandon(self, lease: Lease[RunT]) -> None: ...
 
     @abc.abstractmethod
-    def launch(self, call: BoundCall, lease: Lease[RunT], dispatch_ns: int, log: "_native.RunLog | None",
+    def launch(self, call: "BoundCall | CachedBinding", lease: Lease[RunT], dispatch_ns: int, log: "_native.RunLog | None",
                launch_ns: int = 0) -> Launched[RunT]: ...
 
     @abc.abstractmethod
@@ -152,7 +153,7 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
     def _check_ready(self) -> None:  # the device-memory handle's ready check
         self.check_open()
 
-    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> BoundCall:
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> "BoundCall | CachedBinding":
         """Checks one call's arguments against the signature (TypeError / ValueError before anything runs)."""
         self.check_open()
         return bind_call(self._check_argument, self.program, args, kwargs, self.bounds)

@@ -50,6 +50,8 @@ class BoundCall:
     dims: dict[str, int]
     torch_kind: bool
     outputs: list[int] = field(default_factory=list)  # indices of Out / InOut args
+    # (signature, positional count, keyword names) for a captured runtime's call cache (engine.call_cache)
+    signature: tuple[Any, ...] | None = None
 
 
 def bind_call(check_tensor: Callable[[Any, str], None], prog: Signature, args: tuple[Any, ...],

@@ -217,7 +217,7 @@ class _Site:
 class Recorded:
     """One capture key's recording: the native tasks, the resident memory they reached, the scalar sites."""
 
-    __slots__ = ("native", "abs_allocs", "abs_bases", "sites", "plans")
+    __slots__ = ("native", "abs_allocs", "abs_bases", "sites", "plans", "key", "dropped")
 
     def __init__(self, native: "_native.Recording", abs_allocs: list[Allocation], sites: list[_Site]) -> None:
         self.native = native
@@ -227,6 +227,8 @@ class Recorded:
         # (slot, the resident arguments' (allocation id, offset)...) -> the recording materialized there:
         # a slot's replays with the same resident arguments reuse one (ids are never reused).
         self.plans: dict[tuple[Any, ...], _native.ReplayPlan] = {}
+        self.key: tuple[Any, ...] = ()  # its key in the table
+        self.dropped = False  # it left the table (evicted, invalidated, replaced, cleared)
 
     def live(self) -> bool:
         for alloc in self.abs_allocs:
@@ -379,35 +381,66 @@ class Capture:
 
     def clear(self) -> None:
         with self._lock:
+            for recorded in self._table.values():
+                recorded.dropped = True
             self._table.clear()
             self._read_sets.clear()
             self._slot_bases.clear()
 
     # -- one run -----------------------------------------------------------------------------------
+    def base_key(self, dims: dict[str, int], device_args: list[tuple[int, DeviceTensor]]) -> tuple[Any, ...]:
+        """The part of a run's capture key that binding fixes: the dims, the resident arguments' layout."""
+        return (tuple([dims[s] for s in self._symbols]), _device_layout(device_args) if device_args else ())
+
     def orchestrate(self, port: TaskPort, native: "_native.Run", slot: "Slot", call: "BoundCall",
                     fn_args: list[Any], device_args: list[tuple[int, DeviceTensor]],
-                    copy_backs: list[tuple[int, int]]) -> bool:
-        """Replays this run's key if it was recorded (True: the copy backs too, given as (parameter
-        index, slot buffer address)), else runs the function and records it (False: the caller submits
-        the copy backs)."""
-        dims = call.dims
-        base_key = (tuple([dims[s] for s in self._symbols]), _device_layout(device_args) if device_args else ())
+                    copy_backs: list[tuple[int, int]]) -> tuple[Any, ...] | None:
+        """Replays this run's key if it was recorded (returning the key's base_key; the copy backs, given
+        as (parameter index, slot buffer address), are replayed too), else runs the function and records
+        it (None: the caller submits the copy backs)."""
+        base_key = self.base_key(call.dims, device_args)
         found = self._find_plain(base_key)
         force: set[int] = set()
         if found is None:
             found, force = self._find(base_key, [a.value for a in call.args])
-        engine = port.engine
-        assert engine is not None
         if found is not None:
-            recorded, patches = found
             tensor_base = self._tensor_base
-            engine.replay(native, self._plan(recorded, slot, device_args), patches,
-                          [(tensor_base[i], addr) for i, addr in copy_backs])
-            return True
+            self.replay(port, native, slot, found, device_args, [(tensor_base[i], addr) for i, addr in copy_backs])
+            return base_key
         values = [a.value for a in call.args]
         recorded, reads = self._record(port, native, slot, call, fn_args, device_args, force)
         self._store(base_key, reads, tuple(_key_value(values[i]) for i in reads), recorded)
-        return False
+        return None
+
+    @property
+    def tensor_base(self) -> dict[int, int]:
+        """Tensor parameter index -> its replay base."""
+        return self._tensor_base
+
+    def lookup(self, base_key: tuple[Any, ...], values: list[Any]
+               ) -> tuple[Recorded, list[tuple[int, list[Any]]]] | None:
+        """The recording of a run with this base key and parameter values and its scalar patches (a hit
+        counted), or None, uncounted: the caller goes on to orchestrate(), which counts the miss."""
+        found = self._find_plain(base_key)
+        if found is None:
+            found = self._find(base_key, values, count_miss=False)[0]
+        return found
+
+    def rehit(self, recorded: Recorded) -> bool:
+        """Whether a recording found before is still the one its key replays (then a hit is counted)."""
+        if recorded.dropped or (recorded.abs_allocs and not recorded.live()):
+            return False
+        self._hit(recorded.key)
+        return True
+
+    def replay(self, port: TaskPort, native: "_native.Run", slot: "Slot",
+               found: tuple[Recorded, list[tuple[int, list[Any]]]], device_args: list[tuple[int, DeviceTensor]],
+               copy_backs: list[tuple[int, int]]) -> None:
+        """Enters a found recording into the run: one native call, the GIL released."""
+        engine = port.engine
+        assert engine is not None
+        recorded, patches = found
+        engine.replay(native, self.plan(recorded, slot, device_args), patches, copy_backs)
 
     def _find_plain(self, base_key: tuple[Any, ...]) -> tuple[Recorded, list[tuple[int, list[Any]]]] | None:
         """The common case at once: a key whose recording read no Scalar and passes none through."""
@@ -428,7 +461,7 @@ class Capture:
                 self._table.move_to_end(key)
             self.hits += 1
 
-    def _find(self, base_key: tuple[Any, ...], values: list[Any]
+    def _find(self, base_key: tuple[Any, ...], values: list[Any], count_miss: bool = True
               ) -> tuple[tuple[Recorded, list[tuple[int, list[Any]]]] | None, set[int]]:
         """(the recording and its scalar patches, or None; parameters a new recording must read)."""
         force: set[int] = set()
@@ -454,8 +487,9 @@ class Capture:
             else:
                 self._hit(key)
                 return (entry, patches), force
-        with self._lock:
-            self.misses += 1
+        if count_miss:
+            with self._lock:
+                self.misses += 1
         return None, force
 
     def _record(self, port: TaskPort, native: "_native.Run", slot: "Slot", call: "BoundCall", fn_args: list[Any],
@@ -495,20 +529,27 @@ class Capture:
     def _store(self, base_key: tuple[Any, ...], reads: tuple[int, ...], values: tuple[Any, ...],
                recorded: Recorded) -> None:
         key = (base_key, reads, values)
+        recorded.key = key
         with self._lock:
-            if key not in self._table:
+            replaced = self._table.get(key)
+            if replaced is None:
                 sets = self._read_sets.setdefault(base_key, {})
                 sets[reads] = sets.get(reads, 0) + 1
+            else:
+                replaced.dropped = True
             self._table[key] = recorded
             self._table.move_to_end(key)
             while len(self._table) > self._limit:
-                old, _ = self._table.popitem(last=False)
+                old, evicted = self._table.popitem(last=False)
+                evicted.dropped = True
                 self._forget(old)
                 self.evictions += 1
 
     def _drop(self, key: tuple[Any, ...], base_key: tuple[Any, ...], invalidated: bool) -> None:
         with self._lock:
-            if self._table.pop(key, None) is not None:
+            dropped = self._table.pop(key, None)
+            if dropped is not None:
+                dropped.dropped = True
                 self._forget(key)
                 if invalidated:
                     self.invalidations += 1
@@ -527,7 +568,7 @@ class Capture:
             if not sets:
                 del self._read_sets[base_key]
 
-    def _plan(self, recorded: Recorded, slot: "Slot", device_args: list[tuple[int, DeviceTensor]]
+    def plan(self, recorded: Recorded, slot: "Slot", device_args: list[tuple[int, DeviceTensor]]
               ) -> "_native.ReplayPlan":
         """The recording materialized at this run's bases, built on a slot's first replay with these resident
         arguments."""

@@ -23,8 +23,9 @@ import numpy as np
 
 from engine import _native
 from engine.base_runtime import BaseRuntime, TaskEvent
+from engine.binding import BoundCall, bind_call
+from engine.call_cache import NO_WRITE_BACKS, CachedBinding, CallCache
 from engine.capture import Capture
-from engine.binding import BoundCall
 from engine.errors import CaptureError, ClosedError, DeviceMemoryError
 from engine.handles import RunHandle
 from engine.hostarrays import empty_like_kind
@@ -62,6 +63,7 @@ class Runtime(BaseRuntime["_native.Run"]):
         self._engine: _native.Engine | None = None
         self._trace: _native.TraceRecorder | None = None  # task events: attached while tracing, kept until drained
         self._slots: list[Slot] = []
+        self._calls: CallCache | None = None  # the hit path of captured runs
         try:
             self._device = _native.Device(memory_limit or 0)
             self._engine = (_native.Engine(self._device, workers or 0) if spin_us is None
@@ -77,6 +79,7 @@ class Runtime(BaseRuntime["_native.Run"]):
             self.scratch_bytes: int = scratch_bytes
             if capture:
                 self._capture = Capture(prog, capture_limit)
+                self._calls = CallCache(prog, self._capture)
         except BaseException:
             self._teardown()
             raise
@@ -148,12 +151,40 @@ class Runtime(BaseRuntime["_native.Run"]):
         if engine is not None:  # after close the engine sealed it already
             engine.seal(native)
 
-    def launch(self, call: BoundCall, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> BoundCall | CachedBinding:
+        """Checks one call's arguments against the signature (TypeError / ValueError before anything runs).
+
+        A captured runtime's call shaped like one it replayed before binds from its cache (engine.call_cache).
+        """
+        calls = self._calls
+        if calls is None:
+            return super().bind(args, kwargs)
+        self.check_open()
+        got = calls.bind(args, kwargs)
+        if type(got) is CachedBinding:
+            return got
+        call = bind_call(self._check_argument, self.program, args, kwargs, self.bounds)
+        if got is not None:
+            call.signature = (got, len(args), tuple(kwargs))
+        return call
+
+    def launch(self, call: BoundCall | CachedBinding, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
                log: "_native.RunLog | None", launch_ns: int = 0) -> "tuple[_native.Run, int, Any]":
         """Stages inputs through the slot, orchestrates and seals; the slot frees when the run completes.
 
         On an error the run is cancelled and sealed (so its slot frees) before it raises.
         """
+        if type(call) is CachedBinding:
+            if self._host_spans is None:  # tracing records the host spans of the full path
+                launched = self._launch_cached(call, lease, dispatch_ns, log, launch_ns)
+                if launched is not None:
+                    return launched
+            try:  # the key is no longer recorded: the full path binds again, then records it
+                call = bind_call(self._check_argument, self.program, call.args, call.kwargs, self.bounds)
+            except BaseException:
+                self._abort(lease[0])
+                raise
+        assert isinstance(call, BoundCall)
         native, run_id, slot_index = lease
         engine = self._engine
         assert engine is not None  # an admitted run keeps the runtime open until it is sealed
@@ -195,30 +226,79 @@ class Runtime(BaseRuntime["_native.Run"]):
                     copy_backs.append((len(fn_args), view, addr))
                 fn_args.append(view)
             t_staged = engine.now_ns() if spans is not None else 0
+            base_key = None
             if capture is None:
                 arena = slot.arena
                 arena.used = 0  # the slot's scratch, empty for this run
                 self.program.invoke(Run(self._port, native, call.dims, arena), fn_args)
-                replayed = False
             else:  # replayed natively (its copy backs with it), or orchestrated and recorded
-                replayed = capture.orchestrate(self._port, native, slot, call, fn_args, device_args,
+                base_key = capture.orchestrate(self._port, native, slot, call, fn_args, device_args,
                                                [(i, addr) for i, _, addr in copy_backs])
-            if not replayed:
+            if base_key is None:
                 for _, view, addr in copy_backs:
                     engine.submit_copy_back(native, view._native_arg(), addr)
             engine.seal_logged(native, log, dispatch_ns, launch_ns)
             if spans is not None:
                 self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, engine.now_ns())
         except BaseException:
-            native.cancel()
-            engine.seal(native)
-            # The caller's arrays stay mapped until tasks already started are done: wait for
-            # them, even if Ctrl-C interrupts the wait (the KeyboardInterrupt is raised after).
-            interrupted = _wait_through_interrupts(native)
-            if interrupted is not None:
-                raise interrupted
+            self._abort(native)
             raise
+        if base_key is not None and call.signature is not None and self._calls is not None:
+            sig, n_args, kw_names = call.signature
+            self._calls.learn(sig, call, n_args, kw_names, device_args, base_key)
         return native, run_id, (call, outputs)
+
+    def _launch_cached(self, call: CachedBinding, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
+                       log: "_native.RunLog | None", launch_ns: int) -> "tuple[_native.Run, int, Any] | None":
+        """launch() of a cached binding: stage, replay, seal. None, with nothing done, when its key is no
+        longer recorded."""
+        native, run_id, slot_index = lease
+        engine, capture = self._engine, self._capture
+        assert engine is not None and capture is not None
+        entry = call.entry
+        slot = self._slots[slot_index]
+        values = call.values
+        try:
+            key = entry.replay_key(slot_index, values)
+            hit = entry.replayed(key)
+            if hit is not None and capture.rehit(hit[0]):
+                plan = hit[1]
+                patches: list[tuple[int, list[Any]]] = []
+            else:
+                found = capture.lookup(entry.base_key, values)
+                if found is None:
+                    return None
+                recorded, patches = found
+                plan = capture.plan(recorded, slot, entry.device_args)
+                if not recorded.sites:  # nothing patched per run: the plan is all a replay needs
+                    entry.remember(key, recorded, plan)
+            acc = slot.accessor
+            hosts: list[np.ndarray] = []
+            for (i, _, shape, dtype, nbytes, reads, _, given), addr in zip(entry.hosts, entry.addrs(slot)):
+                host = values[i] if given else np.empty(shape, dtype)
+                acc.add(addr, nbytes, host)
+                if reads:
+                    acc.stage_in(addr)
+                hosts.append(host)
+            outputs = [x if kind == "device" else hosts[x] for kind, x in entry.outputs]
+            engine.replay(native, plan, patches, entry.copy_backs(slot, capture.tensor_base))
+            engine.seal_logged(native, log, dispatch_ns, launch_ns)
+        except BaseException:
+            self._abort(native)
+            raise
+        return native, run_id, (NO_WRITE_BACKS, outputs)
+
+    def _abort(self, native: "_native.Run") -> None:
+        """A launch failed: the run is cancelled and sealed, so its slot frees once started tasks are done."""
+        engine = self._engine
+        assert engine is not None
+        native.cancel()
+        engine.seal(native)
+        # The caller's arrays stay mapped until tasks already started are done: wait for
+        # them, even if Ctrl-C interrupts the wait (the KeyboardInterrupt is raised after).
+        interrupted = _wait_through_interrupts(native)
+        if interrupted is not None:
+            raise interrupted
 
     # -- closing --------------------------------------------------------------------------------------
     def _drain_device(self) -> None:
@@ -244,6 +324,8 @@ class Runtime(BaseRuntime["_native.Run"]):
             port.close()
         if self._capture is not None:
             self._capture.clear()  # recordings hold tensors, whose allocations hold this runtime
+        if self._calls is not None:
+            self._calls.clear()  # and so do cached calls
         self._engine = None
         self._device = None
 

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     import asyncio
 
     from engine.binding import BoundCall
+    from engine.call_cache import CachedBinding
     from engine.backend import Launched as LaunchedRun
 
 __all__ = ["Job", "ThreadLauncher", "Launched"]
@@ -39,8 +40,9 @@ class Job:
 
     __slots__ = ("call", "t_dispatch", "lease", "future", "error", "signal", "abandoned")
 
-    def __init__(self, call: "BoundCall", t_dispatch: int, loop: "asyncio.AbstractEventLoop | None") -> None:
-        self.call: BoundCall | None = call
+    def __init__(self, call: "BoundCall | CachedBinding", t_dispatch: int,
+                 loop: "asyncio.AbstractEventLoop | None") -> None:
+        self.call: BoundCall | CachedBinding | None = call
         self.t_dispatch = t_dispatch
         self.lease: Any = None  # what admission granted (see scheduler._admission)
         self.future: RunFuture | None = None

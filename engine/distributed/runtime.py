@@ -26,7 +26,7 @@ import os
 import threading
 import weakref
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -50,6 +50,9 @@ from engine.program import Param
 from engine.specs import Scalar
 from engine.tensor import Allocation, DeviceBuffer, DeviceTensor
 from engine.validation import check_optional, check_positive_int
+
+if TYPE_CHECKING:
+    from engine.call_cache import CachedBinding
 
 __all__ = ["DistributedRuntime"]
 
@@ -232,9 +235,10 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
             self._launching -= 1
             self._state_cv.notify_all()
 
-    def launch(self, call: BoundCall, lease: Lease, dispatch_ns: int, log: "_native.RunLog | None",
-               launch_ns: int = 0) -> tuple[RunRecord, int, Any]:
+    def launch(self, call: "BoundCall | CachedBinding", lease: Lease, dispatch_ns: int,
+               log: "_native.RunLog | None", launch_ns: int = 0) -> tuple[RunRecord, int, Any]:
         """Stages, orchestrates and seals one run. Releases the slot when the orchestration raises."""
+        assert isinstance(call, BoundCall)  # bind() here never gives a cached binding
         try:
             return self._launch(call, lease, dispatch_ns, log, launch_ns)
         finally:

@@ -1,0 +1,225 @@
+"""The hit path of captured runs: calls shaped like one already replayed skip binding and staging logic.
+
+A captured run's orchestration is native (engine.capture), which left the
+Python around it as most of a replayed run's host cost: binding the
+arguments (engine.binding), building the slot views and the capture key,
+and looking up the plan, each run anew though they come out the same when
+the call looks the same. This cache remembers, per *call signature*, what
+binding and launching a replayed call derived, and reuses it.
+
+The signature is what binding's outcome depends on, and nothing it does not:
+- the number of positional arguments and the keyword names, in order;
+- per host array: exactly numpy.ndarray, its shape and dtype, and whether it
+  is C-contiguous and writable (only such arrays are cached: they are staged
+  as they are, with no copy and no write-back);
+- per DeviceTensor: the tensor object itself (a view is immutable: its
+  allocation, offset, shape and strides never change), re-checked per call
+  for having been freed;
+- per Scalar: the value's type; the value is checked per call by the
+  parameter's spec, as binding does, and goes to the capture key lookup,
+  which bakes in the values the orchestration read and patches the others.
+
+Anything else (torch tensors, other array types, two host outputs that could
+overlap, a key no longer recorded, tracing on) takes the full path, which
+raises binding's errors and records what it must. The cache is bounded
+(SIZE signatures, the oldest dropped first) and emptied when the runtime
+closes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, Mapping, Sequence
+
+import numpy as np
+
+from engine.binding import BoundCall
+from engine.specs import Scalar, TensorSpec
+from engine.tensor import DeviceTensor
+
+if TYPE_CHECKING:
+    from engine import _native
+    from engine.capture import Capture, Recorded
+    from engine.program import Program
+    from engine.slots import Slot
+
+__all__ = ["CallCache", "CachedBinding", "CachedCall"]
+
+SIZE = 64  # signatures kept per runtime: a program called a few ways, or a decoder's per-position views
+REPLAYS = 64  # per signature: (slot, Scalar values) -> the recording replayed and its plan there
+NO_WRITE_BACKS = BoundCall([], {}, False, [])  # the finish payload of a cached call: nothing to write back
+
+_SCALAR_TYPES = (int, float, bool)
+
+
+def _token(v: Any) -> Any:
+    """What binding's outcome depends on in one argument; None when the argument is not cached."""
+    t = type(v)
+    if t is DeviceTensor:
+        return v
+    if t is np.ndarray:
+        flags = v.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+        return (v.shape, v.dtype)
+    if t in _SCALAR_TYPES:
+        return t
+    return None
+
+
+def signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """The call's signature, or None when an argument is of a kind this cache does not take."""
+    tokens: list[Any] = []
+    for v in args:
+        tok = _token(v)
+        if tok is None:
+            return None
+        tokens.append(tok)
+    if kwargs:
+        for name, v in kwargs.items():
+            tok = _token(v)
+            if tok is None:
+                return None
+            tokens.append(name)
+            tokens.append(tok)
+    return (len(args), *tokens)
+
+
+class CachedCall:
+    """What binding and launching one call signature derived: reused by every call with that signature."""
+
+    __slots__ = ("sources", "scalars", "tensors", "hosts", "outputs", "device_args", "base_key", "_addrs",
+                 "_copy_backs", "_replays")
+
+    def __init__(self, sources: list[int], scalars: list[tuple[int, Scalar, str]],
+                 tensors: list[tuple[int, DeviceTensor]],
+                 hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]],
+                 outputs: list[tuple[str, Any]], device_args: list[tuple[int, DeviceTensor]],
+                 base_key: tuple[Any, ...]) -> None:
+        self.sources = sources  # per parameter: its index in args + kwargs values, -1 where omitted
+        self.scalars = scalars  # (parameter index, spec, name)
+        self.tensors = tensors  # (parameter index, DeviceTensor): checked live per call
+        # (parameter index, name, shape, numpy dtype, nbytes, reads, writes, given): given False for an
+        # omitted Out, which each call allocates
+        self.hosts = hosts
+        self.outputs = outputs  # in declaration order: ("device", tensor) / ("host", host index)
+        self.device_args = device_args  # the capture key's resident arguments (parameter index, tensor)
+        self.base_key = base_key
+        self._addrs: dict[int, list[int]] = {}  # slot index -> each host parameter's slot buffer address
+        self._copy_backs: dict[int, list[tuple[int, int]]] = {}  # slot index -> (replay base, buffer address)
+        # (slot index, the Scalar values) -> (recording, its plan on that slot), for recordings without scalar
+        # patches: valid while the capture table still holds the recording (Capture.rehit checks)
+        self._replays: dict[tuple[Any, ...], tuple["Recorded", "_native.ReplayPlan"]] = {}
+
+    def replay_key(self, slot_index: int, values: list[Any]) -> tuple[Any, ...]:
+        key: list[Any] = [slot_index]
+        for i, _, _ in self.scalars:
+            v = values[i]
+            key.append(v.hex() if type(v) is float else v)  # floats by their bits, as capture keys are
+        return tuple(key)
+
+    def replayed(self, key: tuple[Any, ...]) -> "tuple[Recorded, _native.ReplayPlan] | None":
+        return self._replays.get(key)
+
+    def remember(self, key: tuple[Any, ...], recorded: "Recorded", plan: "_native.ReplayPlan") -> None:
+        replays = self._replays
+        if len(replays) >= REPLAYS:  # Scalar values that keep changing: start over
+            replays.clear()
+        replays[key] = (recorded, plan)
+
+    def addrs(self, slot: "Slot") -> list[int]:
+        hit = self._addrs.get(slot.index)
+        if hit is None:
+            hit = self._addrs[slot.index] = [slot.buffers[h[1]].addr for h in self.hosts]
+        return hit
+
+    def copy_backs(self, slot: "Slot", tensor_base: Mapping[int, int]) -> list[tuple[int, int]]:
+        hit = self._copy_backs.get(slot.index)
+        if hit is None:
+            hit = self._copy_backs[slot.index] = [(tensor_base[h[0]], slot.buffers[h[1]].addr)
+                                                   for h in self.hosts if h[6]]
+        return hit
+
+
+class CachedBinding:
+    """One call that matched a cached signature: its checked values (one per parameter) and the entry."""
+
+    __slots__ = ("entry", "values", "args", "kwargs")
+
+    def __init__(self, entry: CachedCall, values: list[Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]):
+        self.entry = entry
+        self.values = values
+        self.args = args  # kept for the full path, should the key no longer be recorded
+        self.kwargs = kwargs
+
+
+class CallCache:
+    """A captured runtime's call signatures and what each derived."""
+
+    def __init__(self, program: "Program", capture: "Capture") -> None:
+        self._program = program
+        self._capture = capture
+        self._entries: OrderedDict[tuple[Any, ...], CachedCall] = OrderedDict()
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> "CachedBinding | tuple[Any, ...] | None":
+        """A CachedBinding when the call matches a cached signature whose checks pass; else the call's
+        signature to learn after the full path (None: not cacheable)."""
+        sig = signature(args, kwargs)
+        if sig is None:
+            return None
+        entry = self._entries.get(sig)
+        if entry is None:
+            return sig
+        for _, t in entry.tensors:
+            if t._alloc.freed:
+                return sig  # the full path raises binding's error
+        flat = args + tuple(kwargs.values()) if kwargs else args
+        values = [flat[i] if i >= 0 else None for i in entry.sources]
+        for i, spec, name in entry.scalars:
+            values[i] = spec.check(name, values[i])
+        return CachedBinding(entry, values, args, kwargs)
+
+    def learn(self, sig: tuple[Any, ...], call: BoundCall, n_args: int, kw_names: Sequence[str],
+              device_args: list[tuple[int, DeviceTensor]], base_key: tuple[Any, ...]) -> None:
+        """Remembers a call that bound and replayed through the full path."""
+        params = self._program.params
+        position = {name: n_args + k for k, name in enumerate(kw_names)}
+        sources: list[int] = []
+        scalars: list[tuple[int, Scalar, str]] = []
+        tensors: list[tuple[int, DeviceTensor]] = []
+        hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]] = []
+        outputs: list[tuple[str, Any]] = []
+        host_outputs = 0
+        for i, (p, a) in enumerate(zip(params, call.args)):
+            spec = p.spec
+            sources.append(i if i < n_args else position.get(p.name, -1))
+            if isinstance(spec, Scalar):
+                scalars.append((i, spec, p.name))
+                continue
+            assert isinstance(spec, TensorSpec)
+            value = a.value
+            if isinstance(value, DeviceTensor):
+                tensors.append((i, value))
+                if spec.writes:
+                    outputs.append(("device", value))
+                continue
+            if value is not None:
+                if a.host is not value or a.writeback is not None:  # staged through a copy: not cached
+                    return
+                if spec.writes:
+                    host_outputs += 1
+            if spec.writes:
+                outputs.append(("host", len(hosts)))
+            nbytes = spec.dtype.itemsize
+            for d in a.shape:
+                nbytes *= d
+            hosts.append((i, p.name, a.shape, spec.dtype.numpy, nbytes, spec.reads, spec.writes, value is not None))
+        if host_outputs > 1:  # binding checks that given outputs do not overlap: per call, not cached
+            return
+        entries = self._entries
+        entries[sig] = CachedCall(sources, scalars, tensors, hosts, outputs, device_args, base_key)
+        if len(entries) > SIZE:
+            entries.popitem(last=False)

@@ -1,0 +1,203 @@
+"""The hit path of captured runs (engine.call_cache): calls shaped like a replayed one skip binding logic,
+and still see every check, every value and every recording change the full path would."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+import engine
+from engine import In, Out, Scalar
+from engine import kernels as K
+from engine.binding import BoundCall
+from engine.call_cache import SIZE, CachedBinding
+from scheduler import AsyncRuntime
+from tests.engine.test_capture import f32, mlp, mlp_ref  # mlp passes its float Scalar straight through
+
+@engine.program
+def steps(run: engine.Run, x: In((8,)), y: Out((8,)), k: Scalar(int)):
+    h = run.scratch((8,))
+    run.submit(K.copy, x, out=h)
+    for _ in range(k):  # read: each k has its own recording
+        run.submit(K.scale, h, out=h, alpha=2.0)
+    run.submit(K.copy, h, out=y)
+
+
+@engine.program
+def two_outs(run: engine.Run, x: In((4,)), a: Out((4,)), b: Out((4,))):
+    run.submit(K.copy, x, out=a)
+    run.submit(K.scale, x, out=b, alpha=3.0)
+
+
+def test_a_call_shaped_like_a_replayed_one_binds_from_the_cache_and_sees_each_call_s_values(prepared):
+    rt = prepared(mlp, bounds={"B": 16}, capture=True)
+    w = f32(8, 8)
+    wd = rt.alloc_tensor((8, 8), init=w)
+    x = f32(4, 8)
+    assert isinstance(rt.bind((x, wd), {"alpha": 1.0}), BoundCall)  # nothing replayed yet
+    rt(x, wd, alpha=1.0)  # recorded
+    rt(x, wd, alpha=1.0)  # replayed through the full path: learnt
+    assert isinstance(rt.bind((x, wd), {"alpha": 1.0}), CachedBinding)
+    outs = []
+    for alpha in (0.5, -2.0, 3.0):
+        x = f32(4, 8)
+        y = rt(x, wd, alpha=alpha)
+        np.testing.assert_allclose(y, mlp_ref(x, w, alpha), rtol=1e-5, atol=1e-5)
+        outs.append(y)
+    assert len({id(y) for y in outs}) == 3  # an omitted output is a new array per call
+    given = np.zeros((4, 8), np.float32)
+    x = f32(4, 8)
+    rt(x, wd, given, alpha=1.5)  # a given output is filled in place
+    rt(x, wd, given, alpha=1.5)
+    assert isinstance(rt.bind((x, wd, given), {"alpha": 1.5}), CachedBinding)
+    assert rt(x, wd, given, alpha=1.5) is given
+    np.testing.assert_allclose(given, mlp_ref(x, w, 1.5), rtol=1e-5, atol=1e-5)
+    # another batch size is another signature, bound and recorded by the full path
+    x = f32(9, 8)
+    assert isinstance(rt.bind((x, wd), {"alpha": 1.0}), BoundCall)
+    np.testing.assert_allclose(rt(x, wd, alpha=1.0), mlp_ref(x, w, 1.0), rtol=1e-5, atol=1e-5)
+    assert rt.capture_stats()["misses"] == 2
+
+
+def test_the_cached_path_raises_binding_s_errors_and_leaves_the_runtime_usable(prepared):
+    rt = prepared(mlp, bounds={"B": 8}, capture=True)
+    w = f32(8, 8)
+    wd = rt.alloc_tensor((8, 8), init=w)
+    x = f32(4, 8)
+    for _ in range(3):
+        rt(x, wd, alpha=1)  # an int for a float: converted, as binding does
+    assert isinstance(rt.bind((x, wd), {"alpha": 2}), CachedBinding)
+    with pytest.raises(ValueError, match="parameter 'alpha': int value is too large for a float"):
+        rt(x, wd, alpha=10 ** 400)  # the cached path checks each value
+    with pytest.raises(TypeError, match="parameter 'alpha': expected a float, got str"):
+        rt(x, wd, alpha="1.0")
+    big = f32(12, 8)
+    with pytest.raises(ValueError, match="exceeds its bound"):
+        rt(big, wd, alpha=1.0)
+    rt.free_tensor(wd)
+    with pytest.raises(ValueError, match="parameter 'w': the tensor was freed"):
+        rt(x, wd, alpha=1.0)
+    wd2 = rt.alloc_tensor((8, 8), init=w)
+    np.testing.assert_allclose(rt(x, wd2, alpha=2.0), mlp_ref(x, w, 2.0), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rt(x, wd2, alpha=3), mlp_ref(x, w, 3.0), rtol=1e-5, atol=1e-5)
+    assert rt.memory_stats()["free_slots"] == rt.depth
+
+
+def test_arrays_the_cache_does_not_take_go_through_the_full_path(prepared):
+    rt = prepared(mlp, bounds={"B": 8}, capture=True)
+    w = f32(8, 8)
+    strided = f32(4, 16)[:, ::2]  # not contiguous: staged through a copy
+    readonly = f32(4, 8)
+    readonly.flags.writeable = False
+    out_strided = np.zeros((4, 16), np.float32)[:, ::2]  # written back after the run
+    for _ in range(3):
+        assert isinstance(rt.bind((strided, w), {"alpha": 1.0}), BoundCall)
+        np.testing.assert_allclose(rt(strided, w, alpha=1.0), mlp_ref(strided, w, 1.0), rtol=1e-5, atol=1e-5)
+        assert isinstance(rt.bind((readonly, w), {"alpha": 1.0}), BoundCall)
+        np.testing.assert_allclose(rt(readonly, w, alpha=1.0), mlp_ref(readonly, w, 1.0), rtol=1e-5, atol=1e-5)
+        assert isinstance(rt.bind((readonly, w, out_strided), {"alpha": 1.0}), BoundCall)
+        rt(readonly, w, out_strided, alpha=1.0)
+        np.testing.assert_allclose(out_strided, mlp_ref(readonly, w, 1.0), rtol=1e-5, atol=1e-5)
+    assert rt.capture_stats()["hits"] >= 6
+
+
+def test_calls_with_two_given_outputs_are_checked_for_overlap_every_time(prepared):
+    rt = prepared(two_outs, capture=True, scratch_bytes=0)
+    x = f32(4)
+    a, b = np.zeros(4, np.float32), np.zeros(4, np.float32)
+    for _ in range(3):
+        rt(x, a, b)
+        assert isinstance(rt.bind((x, a, b), {}), BoundCall)
+    np.testing.assert_allclose(a, x)
+    np.testing.assert_allclose(b, x * 3)
+    shared = np.zeros(4, np.float32)
+    with pytest.raises(ValueError, match="outputs sharing memory"):
+        rt(x, shared, shared)
+    outs = rt(x)  # both omitted: cached after a replay
+    outs = rt(x)
+    assert isinstance(rt.bind((x,), {}), CachedBinding)
+    a2, b2 = rt(x)
+    np.testing.assert_allclose(a2, x)
+    np.testing.assert_allclose(b2, x * 3)
+    assert outs[0] is not a2
+
+
+def test_read_scalars_find_their_own_recording_on_the_cached_path(prepared):
+    rt = prepared(steps, capture=True, capture_limit=3)
+    x = f32(8)
+    for rnd in range(4):
+        for k in (0, 1, 2, 3, 1, 4):  # more ks than recordings kept: evicted ones are recorded again
+            np.testing.assert_allclose(rt(x, k=k), x * 2.0 ** k, rtol=1e-6)
+    stats = rt.capture_stats()
+    assert stats["entries"] == 3 and stats["evictions"] > 0
+    assert stats["hits"] + stats["misses"] == 24
+
+
+def test_an_evicted_or_replaced_recording_is_never_replayed_from_the_cache(prepared):
+    rt = prepared(mlp, bounds={"B": 16}, capture=True, capture_limit=1)
+    w = f32(8, 8)
+    for B in (4, 4, 4, 5, 5, 4, 4, 5, 4):
+        x = f32(B, 8)
+        np.testing.assert_allclose(rt(x, w, alpha=2.0), mlp_ref(x, w, 2.0), rtol=1e-5, atol=1e-5)
+    stats = rt.capture_stats()
+    # every return of a size after the other evicted its recording: recorded again, never replayed
+    assert stats["entries"] == 1 and stats["misses"] == 5 and stats["evictions"] == 4 and stats["hits"] == 4
+
+
+def test_tracing_records_the_host_spans_of_cached_calls(prepared):
+    rt = prepared(mlp, bounds={"B": 8}, capture=True)
+    w, x = f32(8, 8), f32(4, 8)
+    for _ in range(3):
+        rt(x, w, alpha=1.0)
+    rt.set_tracing(True)
+    rt.drain_trace()
+    handles = [rt.submit(x, w, alpha=1.0) for _ in range(3)]
+    for h in handles:
+        h.result()
+    spans, events = rt.drain_trace()
+    runs = {h.id for h in handles}
+    assert {(r, n) for r, _, n, _, _ in spans if n == "orchestration"} == {(r, "orchestration") for r in runs}
+    assert {e[0] for e in events} == runs
+
+
+def test_the_signature_table_is_bounded(prepared):
+    rt = prepared(steps, capture=True)
+    xs = rt.alloc_tensor((SIZE + 8, 8), init=np.ones((SIZE + 8, 8), np.float32))
+    views = [xs[i] for i in range(SIZE + 8)]  # a signature per view
+    for v in views:
+        rt(v, k=1)
+        rt(v, k=1)
+    assert len(rt._calls._entries) == SIZE
+    for v in views:
+        np.testing.assert_allclose(rt(v, k=2), 4.0)
+
+
+async def _dispatch_all(rt: engine.Runtime, w: engine.DeviceTensor, xs: list[np.ndarray]) -> list[np.ndarray]:
+    async with AsyncRuntime(rt) as art:
+        futs = [await art.dispatch(x, w, alpha=float(i)) for i, x in enumerate(xs)]
+        return [await f for f in futs]
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_the_async_surface_dispatches_cached_calls(prepared, backend):
+    rt = prepared(mlp, bounds={"B": 8}, depth=2, capture=True)
+    wn = f32(8, 8)
+    w = rt.alloc_tensor((8, 8), init=wn)
+    xs = [f32(8, 8) for _ in range(8)]
+    ys = anyio.run(_dispatch_all, rt, w, xs, backend=backend)
+    for i, (x, y) in enumerate(zip(xs, ys)):
+        np.testing.assert_allclose(y, mlp_ref(x, wn, float(i)), rtol=1e-5, atol=1e-5)
+    assert rt.capture_stats()["hits"] == 7
+
+
+def test_close_forgets_the_cached_calls(prepared):
+    rt = prepared(mlp, bounds={"B": 8}, capture=True)
+    w = rt.alloc_tensor((8, 8), init=f32(8, 8))
+    for _ in range(3):
+        rt(f32(4, 8), w, alpha=1.0)
+    assert rt._calls._entries
+    rt.close()
+    assert not rt._calls._entries
+    with pytest.raises(engine.ClosedError):
+        rt(f32(4, 8), w, alpha=1.0)
