@@ -61,7 +61,8 @@ HostSpan = tuple[int, int, str, int, int]
 TaskEvent = tuple[int, int, int, int, int, str, bool]
 
 
-def finish_run(run: RunState, run_id: int, payload: tuple[BoundCall, list[Any]]) -> tuple[Any, BaseException | None]:
+def finish_run(run: RunState, run_id: int, payload: "tuple[BoundCall | CachedBinding, list[Any]]"
+               ) -> tuple[Any, BaseException | None]:
     """A completed run's (result, error), its non-contiguous outputs written back into the caller's arrays.
 
     payload: (the bound call, the run's outputs) as launch() gave them. The

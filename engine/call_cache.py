@@ -47,7 +47,6 @@ __all__ = ["CallCache", "CachedBinding", "CachedCall"]
 
 SIZE = 64  # signatures kept per runtime: a program called a few ways, or a decoder's per-position views
 REPLAYS = 64  # per signature: (slot, Scalar values) -> the recording replayed and its plan there
-NO_WRITE_BACKS = BoundCall([], {}, False, [])  # the finish payload of a cached call: nothing to write back
 
 _SCALAR_TYPES = (int, float, bool)
 
@@ -142,9 +141,15 @@ class CachedCall:
 
 
 class CachedBinding:
-    """One call that matched a cached signature: its checked values (one per parameter) and the entry."""
+    """One call that matched a cached signature: its checked values (one per parameter) and the entry.
+
+    It is also the finish payload's call (engine.base_runtime.finish_run): it keeps the caller's arrays
+    alive while the run is in flight, and has no outputs to write back (only arrays staged as they are
+    are cached).
+    """
 
     __slots__ = ("entry", "values", "args", "kwargs")
+    outputs: tuple[()] = ()
 
     def __init__(self, entry: CachedCall, values: list[Any], args: tuple[Any, ...], kwargs: Mapping[str, Any]):
         self.entry = entry

@@ -24,7 +24,7 @@ import numpy as np
 from engine import _native
 from engine.base_runtime import BaseRuntime, TaskEvent
 from engine.binding import BoundCall, bind_call
-from engine.call_cache import NO_WRITE_BACKS, CachedBinding, CallCache
+from engine.call_cache import CachedBinding, CallCache
 from engine.capture import Capture
 from engine.errors import CaptureError, ClosedError, DeviceMemoryError
 from engine.handles import RunHandle
@@ -272,21 +272,19 @@ class Runtime(BaseRuntime["_native.Run"]):
                 plan = capture.plan(recorded, slot, entry.device_args)
                 if not recorded.sites:  # nothing patched per run: the plan is all a replay needs
                     entry.remember(key, recorded, plan)
-            acc = slot.accessor
             hosts: list[np.ndarray] = []
+            staged: list[tuple[int, int, np.ndarray, bool]] = []
             for (i, _, shape, dtype, nbytes, reads, _, given), addr in zip(entry.hosts, entry.addrs(slot)):
                 host = values[i] if given else np.empty(shape, dtype)
-                acc.add(addr, nbytes, host)
-                if reads:
-                    acc.stage_in(addr)
+                staged.append((addr, nbytes, host, reads))
                 hosts.append(host)
             outputs = [x if kind == "device" else hosts[x] for kind, x in entry.outputs]
-            engine.replay(native, plan, patches, entry.copy_backs(slot, capture.tensor_base))
-            engine.seal_logged(native, log, dispatch_ns, launch_ns)
+            engine.launch_replay(native, staged, plan, patches, entry.copy_backs(slot, capture.tensor_base), log,
+                                 dispatch_ns, launch_ns)
         except BaseException:
             self._abort(native)
             raise
-        return native, run_id, (NO_WRITE_BACKS, outputs)
+        return native, run_id, (call, outputs)  # the call keeps the arrays alive; nothing to write back
 
     def _abort(self, native: "_native.Run") -> None:
         """A launch failed: the run is cancelled and sealed, so its slot frees once started tasks are done."""

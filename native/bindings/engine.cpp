@@ -9,6 +9,7 @@
 #include <optional>
 
 #include "bindings.hpp"
+#include "host_buffer.hpp"
 #include "interruptible.hpp"
 #include "tandem/capture.hpp"
 #include "tandem/engine.hpp"
@@ -112,6 +113,30 @@ std::vector<td_scalar> to_scalars(const py::sequence& scalars) {
   out.reserve(scalars.size());
   for (const auto& h : scalars) out.push_back(to_scalar(h));
   return out;
+}
+
+std::vector<ScalarPatch> to_patches(const py::sequence& patches) {
+  std::vector<ScalarPatch> out;
+  out.reserve(patches.size());
+  for (const auto& item : patches) {
+    auto pair = item.cast<py::tuple>();
+    if (pair.size() != 2) throw InvalidArgument("replay: a patch is (task index, scalars)");
+    out.push_back(ScalarPatch{pair[0].cast<uint32_t>(), to_scalars(pair[1].cast<py::sequence>())});
+  }
+  return out;
+}
+
+std::vector<ReplayCopyBack> to_copy_backs(const std::vector<std::tuple<uint32_t, uintptr_t>>& copy_backs) {
+  std::vector<ReplayCopyBack> out;
+  out.reserve(copy_backs.size());
+  for (const auto& [base, device_base] : copy_backs) out.push_back(ReplayCopyBack{base, device_base});
+  return out;
+}
+
+std::shared_ptr<RunObserver> to_observer(const py::object& log) {
+  // None checked here: casting it to a holder costs pybind11 a failed attribute lookup.
+  if (log.is_none()) return nullptr;
+  return log.cast<std::shared_ptr<RunLog>>();
 }
 
 TensorArg make_tensor_arg(uintptr_t addr, int32_t dtype, const std::vector<int64_t>& shape,
@@ -292,16 +317,8 @@ void bind_engine(py::module_& m) {
           "replay",
           [](Engine& e, Run& run, const std::shared_ptr<ReplayPlan>& plan, const py::sequence& patches,
              const std::vector<std::tuple<uint32_t, uintptr_t>>& copy_backs) {
-            std::vector<ScalarPatch> p;
-            p.reserve(patches.size());
-            for (const auto& item : patches) {
-              auto pair = item.cast<py::tuple>();
-              if (pair.size() != 2) throw InvalidArgument("replay: a patch is (task index, scalars)");
-              p.push_back(ScalarPatch{pair[0].cast<uint32_t>(), to_scalars(pair[1].cast<py::sequence>())});
-            }
-            std::vector<ReplayCopyBack> c;
-            c.reserve(copy_backs.size());
-            for (const auto& [base, device_base] : copy_backs) c.push_back(ReplayCopyBack{base, device_base});
+            const std::vector<ScalarPatch> p = to_patches(patches);
+            const std::vector<ReplayCopyBack> c = to_copy_backs(copy_backs);
             py::gil_scoped_release nogil;
             e.replay(run, plan, p, c);
           },
@@ -309,14 +326,42 @@ void bind_engine(py::module_& m) {
           "Enters the tasks of a plan's recording into the run, at the plan's bases; patches: (task index, "
           "scalars) for tasks whose scalars differ from the recording's; copy_backs: (private base, its slot "
           "buffer's address) per output to copy back after the tasks that write it")
+      .def(
+          "launch_replay",
+          [](Engine& e, Run& run, const py::sequence& staged, const std::shared_ptr<ReplayPlan>& plan,
+             const py::sequence& patches, const std::vector<std::tuple<uint32_t, uintptr_t>>& copy_backs,
+             const py::object& log, int64_t dispatch_ns, int64_t launch_ns) {
+            std::vector<StagedArg> s;
+            s.reserve(staged.size());
+            for (const auto& item : staged) {
+              auto t = item.cast<py::tuple>();
+              if (t.size() != 4) {
+                throw InvalidArgument("launch_replay: a staged argument is (device_base, size, host, copy_in)");
+              }
+              const size_t n = to_size(t[1].cast<int64_t>(), "size");
+              HostBuffer host(t[2], true, "staged host array");  // borrowed: the caller keeps it alive
+              if (host.size() < n) {
+                throw InvalidArgument("launch_replay: a staged host array is smaller than its region");
+              }
+              s.push_back(StagedArg{t[0].cast<uintptr_t>(), n, host.data(), t[3].cast<bool>()});
+            }
+            const std::vector<ScalarPatch> p = to_patches(patches);
+            const std::vector<ReplayCopyBack> c = to_copy_backs(copy_backs);
+            std::shared_ptr<RunObserver> observer = to_observer(log);
+            py::gil_scoped_release nogil;
+            e.launch_replay(run, s, plan, p, c, std::move(observer), dispatch_ns, launch_ns);
+          },
+          py::arg("run"), py::arg("staged"), py::arg("plan"), py::arg("patches"), py::arg("copy_backs"),
+          py::arg("log"), py::arg("dispatch_ns") = 0, py::arg("launch_ns") = 0,
+          "A replayed run's launch in one call: staged (device_base, size, host array, copy_in) arguments mapped "
+          "into the run's accessor (copied in where copy_in), the plan replayed as replay() does, the run sealed "
+          "as seal_logged() does. The caller keeps the host arrays alive until the run completes")
       .def("submit_copy_back", &Engine::submit_copy_back, py::arg("run"), py::arg("arg"), py::arg("device_base"))
       .def("seal", &Engine::seal, py::arg("run"))
       .def(
           "seal_logged",
           [](Engine& e, Run& run, const py::object& log, int64_t dispatch_ns, int64_t launch_ns) {
-            // None checked here: casting it to a holder costs pybind11 a failed attribute lookup.
-            if (log.is_none()) return e.seal(run);
-            e.seal_observed(run, log.cast<std::shared_ptr<RunLog>>(), dispatch_ns, launch_ns);
+            e.seal_observed(run, to_observer(log), dispatch_ns, launch_ns);
           },
           py::arg("run"), py::arg("log"), py::arg("dispatch_ns"), py::arg("launch_ns") = 0,
           "seal(); the run records its timings in log (a RunLog, or None for none) when it completes")

@@ -225,6 +225,22 @@ void Engine::replay(Run& run, const std::shared_ptr<const ReplayPlan>& plan, con
   if (!ready.empty()) pool_->push(ready);
 }
 
+void Engine::launch_replay(Run& run, const std::vector<StagedArg>& staged,
+                           const std::shared_ptr<const ReplayPlan>& plan, const std::vector<ScalarPatch>& patches,
+                           const std::vector<ReplayCopyBack>& copy_backs, std::shared_ptr<RunObserver> observer,
+                           int64_t dispatch_ns, int64_t launch_ns) {
+  if (!staged.empty()) {
+    HostAccessor* acc = run.accessor_.get();
+    if (acc == nullptr) throw InvalidArgument("launch_replay: host arguments for a run without an accessor");
+    for (const StagedArg& s : staged) {
+      acc->add(s.device_base, s.size, s.host);
+      if (s.copy_in) acc->stage_in(s.device_base);
+    }
+  }
+  replay(run, plan, patches, copy_backs);
+  seal_observed(run, std::move(observer), dispatch_ns, launch_ns);
+}
+
 void Engine::submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base) {
   auto task = std::make_unique<Task>();
   task->op = Task::Op::CopyBack;

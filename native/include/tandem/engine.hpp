@@ -28,6 +28,16 @@ struct ReplayBase;
 struct ScalarPatch;
 struct ReplayCopyBack;
 
+// One host argument of a launch_replay: the slot region [device_base, device_base + size)
+// mapped to the caller's array (borrowed: the caller keeps it alive until the run
+// completes), copied in first when the run reads it.
+struct StagedArg {
+  uintptr_t device_base = 0;
+  size_t size = 0;
+  void* host = nullptr;
+  bool copy_in = false;
+};
+
 struct EngineStats {
   uint64_t tasks_submitted = 0;
   uint64_t tasks_executed = 0;
@@ -104,6 +114,14 @@ class Engine final : public TaskRunner {
   // closed engine or a sealed run.
   void replay(Run& run, const std::shared_ptr<const ReplayPlan>& plan, const std::vector<ScalarPatch>& patches,
               const std::vector<ReplayCopyBack>& copy_backs);
+  // The whole launch of a replayed run, in one call: maps each staged argument
+  // into the run's accessor (copying in those it reads), replays the plan, then
+  // seals the run (seal_observed with `observer`, which may be null). On a
+  // throw the run is left unsealed, as after a failed replay: the caller cancels
+  // and seals it.
+  void launch_replay(Run& run, const std::vector<StagedArg>& staged, const std::shared_ptr<const ReplayPlan>& plan,
+                     const std::vector<ScalarPatch>& patches, const std::vector<ReplayCopyBack>& copy_backs,
+                     std::shared_ptr<RunObserver> observer, int64_t dispatch_ns, int64_t launch_ns);
   // A task that copies a region of the run's accessor back to its host view,
   // ordered after every earlier writer of `arg`'s bytes.
   void submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_base);
