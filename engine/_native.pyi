@@ -149,6 +149,8 @@ class TensorArg:
     @property
     def byte_range(self) -> tuple[int, int]:
         """(begin, end)."""
+    def may_overlap(self, other: TensorArg) -> bool:
+        """Whether the views may share a byte, were they in one allocation (False only when surely not)."""
 
 class TaskObserver:
     """Told about every task an engine executes while attached (Engine.add_observer); native only, no constructor."""

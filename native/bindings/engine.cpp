@@ -172,7 +172,15 @@ void bind_engine(py::module_& m) {
            py::arg("alloc_id"), py::arg("begin"), py::arg("end"))
       .def_property_readonly("addr", [](const TensorArg& a) { return reinterpret_cast<uintptr_t>(a.view.data); })
       .def_property_readonly("alloc_id", [](const TensorArg& a) { return a.alloc_id; })
-      .def_property_readonly("byte_range", [](const TensorArg& a) { return py::make_tuple(a.begin, a.end); });
+      .def_property_readonly("byte_range", [](const TensorArg& a) { return py::make_tuple(a.begin, a.end); })
+      .def(
+          "may_overlap",
+          [](const TensorArg& a, const TensorArg& b) {
+            return may_overlap(span_of(a.view, a.begin, a.end), span_of(b.view, b.begin, b.end));
+          },
+          py::arg("other"),
+          "Whether the two views may share a byte, were they in one allocation (dependency tracking's rule: "
+          "False only when they surely do not, as column slices of the same rows)");
 
   py::class_<PreparedCall, std::shared_ptr<PreparedCall>>(m, "PreparedCall",
                                                          "A kernel call checked once (Engine.prepare_call)")

@@ -30,8 +30,8 @@ void Recording::add(const PreparedCall& call, const std::vector<RecordedRef>& re
     a.view.access = call.access[i];
     a.base = r.base;
     a.data_offset = static_cast<int64_t>(reinterpret_cast<uintptr_t>(t.view.data) - r.addr);
-    a.begin = tracked ? t.begin - r.origin : 0;
-    a.end = tracked ? t.end - r.origin : 0;
+    // The pitch residues shift with the origin alike for every access of one base: overlap is unchanged.
+    if (tracked) a.span = span_of(t.view, t.begin - r.origin, t.end - r.origin);
     task.args.push_back(a);
     bases = std::max(bases, static_cast<size_t>(r.base) + 1);
   }
@@ -47,32 +47,31 @@ void Recording::seal(const std::vector<uint32_t>& private_bases) {
   }
   writers_.assign(bases_, {});
   struct Access {
-    uint64_t begin, end;
+    Span span;
     uint32_t task;
   };
   // Per private base, the accesses that still matter to later ones (as the tracker keeps them).
   std::vector<std::vector<Access>> reads(bases_), writes(bases_);
-  auto overlaps = [](const Access& a, uint64_t b, uint64_t e) { return a.begin < e && b < a.end; };
   for (uint32_t i = 0; i < tasks_.size(); ++i) {
     Task& t = tasks_[i];
     for (const Arg& a : t.args) {
-      if (!private_[a.base] || a.end <= a.begin) continue;
+      if (!private_[a.base] || a.span.end <= a.span.begin) continue;
       const bool writes_it = (a.view.access & TD_WRITE) != 0;
       for (const Access& w : writes[a.base]) {
-        if (w.task != i && overlaps(w, a.begin, a.end)) t.deps.push_back(w.task);
+        if (w.task != i && may_overlap(w.span, a.span)) t.deps.push_back(w.task);
       }
       if (writes_it) {
         for (const Access& r : reads[a.base]) {
-          if (r.task != i && overlaps(r, a.begin, a.end)) t.deps.push_back(r.task);
+          if (r.task != i && may_overlap(r.span, a.span)) t.deps.push_back(r.task);
         }
         // Covered accesses: anything conflicting with them conflicts with this write, which follows them.
-        auto covered = [&](const Access& x) { return x.task != i && a.begin <= x.begin && x.end <= a.end; };
+        auto covered = [&](const Access& x) { return x.task != i && covers(a.span, x.span); };
         for (auto* list : {&writes[a.base], &reads[a.base]}) {
           list->erase(std::remove_if(list->begin(), list->end(), covered), list->end());
         }
         writers_[a.base].push_back(i);
       }
-      (writes_it ? writes : reads)[a.base].push_back(Access{a.begin, a.end, i});
+      (writes_it ? writes : reads)[a.base].push_back(Access{a.span, i});
     }
     std::sort(t.deps.begin(), t.deps.end());
     t.deps.erase(std::unique(t.deps.begin(), t.deps.end()), t.deps.end());
@@ -119,8 +118,11 @@ ReplayPlan::ReplayPlan(std::shared_ptr<const Recording> recording, const std::ve
       td_tensor v = a.view;
       v.data = reinterpret_cast<void*>(b.addr + static_cast<uintptr_t>(a.data_offset));
       views_.push_back(v);
-      if (!rec.is_private(a.base) && b.alloc_id != 0 && a.end > a.begin) {
-        shared_.push_back(SharedAccess{i, a.view.access, b.alloc_id, b.origin + a.begin, b.origin + a.end});
+      if (!rec.is_private(a.base) && b.alloc_id != 0 && a.span.end > a.span.begin) {
+        Span s = a.span;
+        s.begin += b.origin;
+        s.end += b.origin;
+        shared_.push_back(SharedAccess{i, a.view.access, b.alloc_id, s});
       }
     }
     scalars_.insert(scalars_.end(), t.scalars.begin(), t.scalars.end());

@@ -132,7 +132,9 @@ void Engine::submit_prepared(Run& run, const PreparedCall& call) {
     run.outstanding_.fetch_add(1, std::memory_order_relaxed);
     for (size_t i = 0; i < tensors.size(); ++i) {
       const TensorArg& a = tensors[i];
-      if (a.alloc_id != 0 && a.end > a.begin) tracker_.access(t, a.alloc_id, a.begin, a.end, access[i]);
+      if (a.alloc_id != 0 && a.end > a.begin) {
+        tracker_.access(t, a.alloc_id, span_of(a.view, a.begin, a.end), access[i]);
+      }
     }
     if (++submits_since_compact_ >= kCompactEvery) {
       submits_since_compact_ = 0;
@@ -204,7 +206,7 @@ void Engine::replay(Run& run, const std::shared_ptr<const ReplayPlan>& plan, con
     run.outstanding_.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
     // Shared memory: ordered against other runs.
     for (const ReplayPlan::SharedAccess& a : plan->shared()) {
-      tracker_.access(block->task(a.task), a.alloc_id, a.begin, a.end, a.mode);
+      tracker_.access(block->task(a.task), a.alloc_id, a.span, a.mode);
     }
     submits_since_compact_ += plan->shared().size();
     if (submits_since_compact_ >= kCompactEvery) {
@@ -257,7 +259,9 @@ void Engine::submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_b
     }
     t->index = run.n_tasks_++;
     run.outstanding_.fetch_add(1, std::memory_order_relaxed);
-    if (arg.alloc_id != 0 && arg.end > arg.begin) tracker_.access(t, arg.alloc_id, arg.begin, arg.end, TD_READ);
+    if (arg.alloc_id != 0 && arg.end > arg.begin) {
+      tracker_.access(t, arg.alloc_id, span_of(arg.view, arg.begin, arg.end), TD_READ);
+    }
   }
   tasks_submitted_.fetch_add(1, std::memory_order_relaxed);
   if (t->pending.fetch_sub(1, std::memory_order_acq_rel) == 1) pool_->push(t);

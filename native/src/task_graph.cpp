@@ -131,9 +131,35 @@ void Run::finish(int64_t now_ns, Notifier* announce_to) {
 
 // --- DependencyTracker -------------------------------------------------------
 
-namespace {
-inline bool overlaps(uint64_t b0, uint64_t e0, uint64_t b1, uint64_t e1) { return b0 < e1 && b1 < e0; }
+Span span_of(const td_tensor& v, uint64_t begin, uint64_t end) {
+  Span s{begin, end, 0, 0};
+  if (v.ndim < 2 || v.strides[v.ndim - 1] != 1) return s;
+  const int64_t pitch = v.strides[v.ndim - 2], width = v.shape[v.ndim - 1];
+  if (width <= 0 || pitch <= width) return s;  // rows that touch or overlap: the extent is exact enough
+  for (int d = 0; d < v.ndim - 2; ++d) {
+    // Every other axis must step by whole rows, so each byte's residue is its column's.
+    if (v.shape[d] > 1 && (v.strides[d] < 0 || v.strides[d] % pitch != 0)) return s;
+  }
+  const uint64_t size = td_dtype_size(v.dtype);
+  s.pitch = static_cast<uint64_t>(pitch) * size;
+  s.width = static_cast<uint64_t>(width) * size;
+  return s;
+}
 
+bool may_overlap(const Span& a, const Span& b) {
+  if (!(a.begin < b.end && b.begin < a.end)) return false;
+  if (a.pitch == 0 || a.pitch != b.pitch) return true;
+  // The residues: a's window starts at 0 once shifted by a.begin; b's at d, and may wrap past the pitch.
+  const uint64_t p = a.pitch;
+  const uint64_t d = (b.begin % p + p - a.begin % p) % p;
+  return d < a.width || d + b.width > p;
+}
+
+bool covers(const Span& outer, const Span& inner) {
+  return outer.pitch == 0 && outer.begin <= inner.begin && inner.end <= outer.end;
+}
+
+namespace {
 inline bool is_finished(const Task* t) { return t->finished.load(std::memory_order_acquire); }
 
 }  // namespace
@@ -158,14 +184,13 @@ size_t DependencyTracker::compact_list(std::vector<Record>& list) {
   return removed;
 }
 
-size_t DependencyTracker::remove_covered(std::vector<Record>& list, uint64_t begin, uint64_t end,
-                                         const Task* keep) {
+size_t DependencyTracker::remove_covered(std::vector<Record>& list, const Span& span, const Task* keep) {
   // A record wholly covered by a new write is redundant: anything that would
   // conflict with it also conflicts with the new write, which is ordered after it.
   size_t removed = 0;
   auto keep_end = std::remove_if(list.begin(), list.end(), [&](const Record& r) {
     if (r.task == keep) return false;
-    if (!(begin <= r.begin && r.end <= end) && !is_finished(r.task)) return false;
+    if (!covers(span, r.span) && !is_finished(r.task)) return false;
     task_unref(r.task);
     ++removed;
     return true;
@@ -175,30 +200,30 @@ size_t DependencyTracker::remove_covered(std::vector<Record>& list, uint64_t beg
   return removed;
 }
 
-void DependencyTracker::access(Task* t, uint64_t alloc, uint64_t begin, uint64_t end, int32_t mode) {
+void DependencyTracker::access(Task* t, uint64_t alloc, const Span& span, int32_t mode) {
   Lists& lists = by_alloc_[alloc];
   const bool writes = (mode & TD_WRITE) != 0;
   Task* last = nullptr;  // skip immediate duplicate edges
   for (const Record& r : lists.writes) {
-    if (r.task != t && r.task != last && overlaps(begin, end, r.begin, r.end) && !is_finished(r.task)) {
+    if (r.task != t && r.task != last && may_overlap(span, r.span) && !is_finished(r.task)) {
       task_add_dependency(r.task, t);
       last = r.task;
     }
   }
   if (writes) {
     for (const Record& r : lists.reads) {
-      if (r.task != t && r.task != last && overlaps(begin, end, r.begin, r.end) && !is_finished(r.task)) {
+      if (r.task != t && r.task != last && may_overlap(span, r.span) && !is_finished(r.task)) {
         task_add_dependency(r.task, t);
         last = r.task;
       }
     }
-    remove_covered(lists.writes, begin, end, t);
-    remove_covered(lists.reads, begin, end, t);
+    remove_covered(lists.writes, span, t);
+    remove_covered(lists.reads, span, t);
   }
   std::vector<Record>& list = writes ? lists.writes : lists.reads;
   size_t& compact_at = writes ? lists.writes_compact_at : lists.reads_compact_at;
   t->refs.fetch_add(1, std::memory_order_relaxed);
-  list.push_back(Record{begin, end, t});
+  list.push_back(Record{span, t});
   ++records_;
   if (list.size() >= compact_at) {
     compact_list(list);

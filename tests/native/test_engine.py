@@ -89,6 +89,73 @@ def test_reads_of_the_same_bytes_and_disjoint_writes_run_concurrently(device, en
         assert not run.failed, run.failure()
 
 
+def view(buf: "_native.Buffer", start: int, shape: list[int], strides: list[int]) -> "_native.TensorArg":
+    """A float32 strided view of buf from element `start`, with its exact extent as the tracked byte range."""
+    last = start + sum((n - 1) * s for n, s in zip(shape, strides))
+    return _native.TensorArg(buf.addr + 4 * start, 0, shape, strides, buf.id, 4 * start, 4 * (last + 1))
+
+
+def meeting_kernel(eng, parties: int = 2):
+    barrier = threading.Barrier(parties, timeout=5)
+
+    def meet(*arrays):
+        barrier.wait()  # every party must be running at once, or this times out
+
+    return eng.register_host_kernel(f"meet{parties}", meet)
+
+
+@pytest.mark.parametrize("views", [
+    # the two column halves of an 8 x 16 matrix: their extents overlap, their bytes do not
+    [(0, [8, 8], [16, 1]), (8, [8, 8], [16, 1])],
+    # two heads of a [2, 3, 4 x 5] tensor (every outer stride a multiple of the row pitch)
+    [(5, [2, 3, 5], [60, 20, 1]), (10, [2, 3, 5], [60, 20, 1])],
+    # one row's tail and the next row's head of a pitch-16 layout, as [2, 4] views
+    [(12, [2, 4], [16, 1]), (16, [2, 4], [16, 1])],
+], ids=["column-halves", "heads", "tail-and-head"])
+def test_writes_to_disjoint_column_slices_of_the_same_rows_run_concurrently(device, eng, views):
+    buf = device.alloc(4 * 256)
+    k = meeting_kernel(eng)
+    run = eng.begin_run()
+    for start, shape, strides in views:
+        eng.submit(run, k, [view(buf, start, shape, strides)], [WRITE])
+    eng.seal(run)
+    assert run.wait(10)
+    assert not run.failed, run.failure()
+
+
+@pytest.mark.parametrize("first,second", [
+    ((0, [8, 9], [16, 1]), (8, [8, 8], [16, 1])),  # column 8 in both
+    ((14, [3, 4], [16, 1]), (16, [3, 2], [16, 1])),  # the first's rows wrap into columns 0-1 of the next row
+    ((0, [8, 8], [16, 1]), (8, [8, 8], [32, 1])),  # other pitches: the extents decide
+    ((0, [8, 8], [16, 1]), (0, [2, 2, 8], [64, 16, 1])),  # an outer stride of whole rows: columns decide
+    ((0, [4, 8], [16, 1]), (0, [64], [1])),  # a contiguous view over the rows
+    ((0, [2, 4, 8], [40, 16, 1]), (8, [4, 8], [16, 1])),  # an outer stride not a multiple of the pitch
+])
+def test_column_slices_that_may_share_bytes_are_ordered(device, eng, first, second):
+    buf = device.alloc(4 * 256)
+    rec = Recorder(eng)
+    a, b = rec.kernel("a", delay=0.05), rec.kernel("b")
+    run = eng.begin_run()
+    eng.submit(run, a, [view(buf, *first)], [WRITE])
+    eng.submit(run, b, [view(buf, *second)], [READ])
+    eng.seal(run)
+    assert run.wait(10)
+    assert rec.ended_before_started("a", "b")
+
+
+def test_a_read_of_the_whole_matrix_waits_for_every_column_slice_written(device, eng):
+    buf = device.alloc(4 * 128)
+    rec = Recorder(eng)
+    left, right, reader = rec.kernel("left", delay=0.05), rec.kernel("right", delay=0.05), rec.kernel("reader")
+    run = eng.begin_run()
+    eng.submit(run, left, [view(buf, 0, [8, 8], [16, 1])], [WRITE])
+    eng.submit(run, right, [view(buf, 8, [8, 8], [16, 1])], [WRITE])
+    eng.submit(run, reader, [view(buf, 0, [8, 16], [16, 1])], [READ])
+    eng.seal(run)
+    assert run.wait(10)
+    assert rec.ended_before_started("left", "reader") and rec.ended_before_started("right", "reader")
+
+
 def test_runs_sharing_memory_are_ordered_across_runs(device, eng):
     rec = Recorder(eng)
     buf = device.alloc(256)

@@ -60,7 +60,7 @@ class Recording {
     td_tensor view{};             // dtype, shape, strides and access as recorded; data is recomputed
     uint32_t base = 0;
     int64_t data_offset = 0;      // bytes from the base's address to element [0, 0, ...]
-    uint64_t begin = 0, end = 0;  // tracked byte range, from the base's origin
+    Span span;  // tracked bytes, from the base's origin (end == begin: untracked)
   };
   struct Task {
     KernelPtr kernel;
@@ -119,7 +119,8 @@ class ReplayPlan {
   struct SharedAccess {
     uint32_t task = 0;
     int32_t mode = 0;
-    uint64_t alloc_id = 0, begin = 0, end = 0;
+    uint64_t alloc_id = 0;
+    Span span;  // in the allocation
   };
 
   // Throws InvalidArgument when the recording is not sealed or names more bases than given.

@@ -1,7 +1,7 @@
 // Tasks, runs and the dependency tracker.
 //
 // A task is one kernel call over tagged tensor arguments. Dependencies are
-// inferred from tags on overlapping byte ranges of the same allocation
+// inferred from tags on overlapping spans of the same allocation
 // (read-after-write, write-after-read, write-after-write). The tracker belongs
 // to the engine, not to a run, so runs that share memory execute in submission
 // order and runs over disjoint memory execute concurrently.
@@ -24,6 +24,26 @@
 #include "tandem/slot_table.hpp"
 
 namespace tandem {
+
+// The bytes of an allocation a view touches, as dependency tracking sees them:
+// its extent [begin, end), and for a view made of equal rows at a fixed pitch
+// (a column slice of a matrix, one head of a [batch, seq, heads * dim] tensor)
+// the pitch and the row width, in bytes. Every byte such a view touches lies at
+// an offset whose residue modulo the pitch is in [begin % pitch, begin % pitch
+// + width): two column slices of the same rows touch no common byte though
+// their extents overlap, so tasks writing them need not be ordered. pitch 0:
+// the whole extent counts.
+struct Span {
+  uint64_t begin = 0, end = 0;
+  uint64_t pitch = 0, width = 0;
+};
+
+// The span of `view`, whose extent in its allocation is [begin, end).
+Span span_of(const td_tensor& view, uint64_t begin, uint64_t end);
+// False only when the two spans (of one allocation) surely share no byte.
+bool may_overlap(const Span& a, const Span& b);
+// True only when every byte of `inner` is surely in `outer`.
+bool covers(const Span& outer, const Span& inner);
 
 // A task argument: the kernel's view plus what dependency tracking needs.
 struct TensorArg {
@@ -225,7 +245,7 @@ class DependencyTracker {
  public:
   ~DependencyTracker();
   // Adds edges from earlier conflicting tasks to `t`, then records t's access.
-  void access(Task* t, uint64_t alloc, uint64_t begin, uint64_t end, int32_t mode);
+  void access(Task* t, uint64_t alloc, const Span& span, int32_t mode);
   // Drops every record whose task has finished; returns records kept.
   size_t compact();
   // Forgets an allocation (after it is freed).
@@ -237,7 +257,7 @@ class DependencyTracker {
 
  private:
   struct Record {
-    uint64_t begin, end;
+    Span span;
     Task* task;
   };
   struct Lists {
@@ -245,7 +265,7 @@ class DependencyTracker {
     size_t reads_compact_at = 16, writes_compact_at = 16;
   };
   size_t compact_list(std::vector<Record>& list);
-  size_t remove_covered(std::vector<Record>& list, uint64_t begin, uint64_t end, const Task* keep);
+  size_t remove_covered(std::vector<Record>& list, const Span& span, const Task* keep);
 
   std::unordered_map<uint64_t, Lists> by_alloc_;
   size_t records_ = 0;
