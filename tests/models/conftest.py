@@ -21,6 +21,12 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 # into two row chunks, which exercises chunk boundaries inside sequences.
 MINILM_WORKERS = 2
 
+# What the engine achieves against sentence-transformers is about 1 - 2e-12 in cosine and 3.4e-7 per
+# element; these bounds leave room for other ISAs' rounding yet catch a changed numeric (a tanh GELU
+# in place of the exact one: 1 - 2.2e-6; a zeroed value bias in one head: 1 - 5.5e-5).
+MIN_COSINE = 1 - 1e-6
+MAX_ABS_DIFF = 1e-5
+
 
 @pytest.fixture(scope="session")
 def minilm_encoder():
