@@ -231,7 +231,16 @@ def decode(data: dict[str, Any], out: Path) -> list[Path]:
     ax.set_ylabel("tokens per second (median)")
     ax.set_title(f"Streaming decode: depth 2 / depth 1 = {f['speedup_depth2_over_depth1']:.2f}x")
     ax.legend(fontsize=8, loc="lower right")
-    return [_save(fig, data, out / "decode_tokens.png")]
+    plots = [_save(fig, data, out / "decode_tokens.png")]
+    peers = f.get("transformers")
+    if peers is not None:  # against transformers' GPT2LMHeadModel.generate, separate processes
+        fig, ax = plt.subplots(figsize=(5, 4.5))
+        rates = peers["tokens_per_s"]
+        ax.bar(list(rates), list(rates.values()), color=[TANDEM, "gray"], width=0.5)
+        ax.set_ylabel("tokens per second (median)")
+        ax.set_title(f"Greedy decode: Tandem / transformers = {peers['tandem_over_transformers']:.2f}x")
+        plots.append(_save(fig, data, out / "decode_vs_transformers.png"))
+    return plots
 
 
 def distributed(data: dict[str, Any], out: Path) -> list[Path]:

@@ -20,7 +20,16 @@ The overlap figure is depth 2's tokens/s over the bound 1 / max(T_host, T_device
 (the T's of that same run); the speedup is depth 2's tokens/s over depth 1's
 (also given per interleaved repetition). Both depths must stream identical tokens.
 
-    python benchmarks/decode.py [--quick] [--tokens N] [--prompt-len P] [--reps R] [--workers W] [--json PATH]
+Against what a user would run instead (not with --quick, or with --peers): Hugging Face
+transformers' GPT2LMHeadModel configured to the same architecture and loaded with the same
+weights (examples/decoder/transformers_peer.py), greedy `generate` with its KV cache, torch on
+as many threads as cores, against Tandem's `Decoder.generate` with its defaults. Each side runs
+in a fresh process of its own, the parent running them one after another in rotated order over
+rounds; tokens/s is new tokens over the whole call (prefill included), the median of the
+calls; both must produce the same tokens for every prompt.
+
+    python benchmarks/decode.py [--quick] [--tokens N] [--prompt-len P] [--reps R] [--workers W]
+                                [--peers | --no-peers] [--rounds R] [--json PATH]
 """
 
 from __future__ import annotations
@@ -31,7 +40,9 @@ import io
 import json
 import os
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -176,6 +187,65 @@ def measure(cfg: DecoderConfig, weights: dict[str, np.ndarray], vocab: ToyVocab,
     return figures, speedup, same
 
 
+# -- against transformers ------------------------------------------------------------------------------
+PEERS = ("tandem", "transformers")
+
+
+def peer_worker(engine: str, seed: int, prompts: list[list[int]], n: int, calls: int) -> dict[str, Any]:
+    """In the engine's own process: tokens/s of `calls` greedy generations per prompt, and the tokens."""
+    cfg = DecoderConfig()
+    weights = init_weights(cfg, seed)
+    if engine == "tandem":
+        dec = Decoder(cfg, weights)
+        generate, threads, close = dec.generate, dec.runtime.workers, dec.close
+    else:
+        import torch
+
+        from examples.decoder.transformers_peer import gpt2_from_weights, gpt2_generate
+
+        torch.set_num_threads(os.cpu_count() or 1)
+        model = gpt2_from_weights(cfg, weights)
+        threads = torch.get_num_threads()
+
+        def generate(prompt: list[int], k: int) -> list[int]:
+            return gpt2_generate(model, prompt, k)
+
+        def close() -> None:
+            pass
+
+    try:
+        tokens = [generate(p, n) for p in prompts]  # warm-up, and the tokens to compare
+        rates = []
+        for _ in range(calls):
+            for p in prompts:
+                t0 = time.perf_counter()
+                generate(p, n)
+                rates.append(n / (time.perf_counter() - t0))
+    finally:
+        close()
+    return {"engine": engine, "threads": threads, "tokens_per_s": statistics.median(rates), "tokens": tokens}
+
+
+def compare_peers(seed: int, prompts: list[list[int]], n: int, rounds: int, calls: int) -> dict[str, Any]:
+    """Tandem against transformers, each in fresh processes, rounds in rotated order; tokens must agree."""
+    runs: dict[str, list[dict[str, Any]]] = {e: [] for e in PEERS}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            for e in PEERS[r % 2:] + PEERS[:r % 2]:
+                out = Path(tmp) / f"{e}-{r}.json"
+                subprocess.run([sys.executable, __file__, "--peer-worker", e, "--out", str(out), "--seed", str(seed),
+                                "--tokens", str(n), "--prompt-len", str(len(prompts[0])), "--reps", str(calls),
+                                "--prompts", json.dumps(prompts)], check=True, cwd=ROOT)
+                runs[e].append(json.loads(out.read_text()))
+    ours, theirs = runs["tandem"][0]["tokens"], runs["transformers"][0]["tokens"]
+    if ours != theirs:
+        raise SystemExit(f"FAILED: Tandem and transformers generated different tokens: {ours} vs {theirs}")
+    rates = {e: statistics.median(x["tokens_per_s"] for x in per) for e, per in runs.items()}
+    return {"rounds": rounds, "calls_per_prompt": calls,
+            "tokens_per_s": rates, "threads": {e: per[0]["threads"] for e, per in runs.items()},
+            "tandem_over_transformers": rates["tandem"] / rates["transformers"], "tokens_identical": True}
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer and shorter streams (well under a minute)")
@@ -184,8 +254,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap.add_argument("--reps", type=int, default=None)
     ap.add_argument("--workers", type=int, default=1, help="device workers (a step is a chain of kernels)")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--peers", action=argparse.BooleanOptionalAction, default=None,
+                    help="also against transformers' GPT2LMHeadModel in separate processes (default: unless --quick)")
+    ap.add_argument("--rounds", type=int, default=2, help="rounds of the comparison with transformers")
     ap.add_argument("--json", default=None)
+    ap.add_argument("--peer-worker", choices=PEERS, help=argparse.SUPPRESS)
+    ap.add_argument("--prompts", help=argparse.SUPPRESS)
+    ap.add_argument("--out", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
+    if args.peer_worker:
+        figures = peer_worker(args.peer_worker, args.seed, json.loads(args.prompts), args.tokens, args.reps)
+        Path(args.out).write_text(json.dumps(figures))
+        return figures
 
     cfg = DecoderConfig()
     n = args.tokens if args.tokens is not None else (64 if args.quick else cfg.max_len - args.prompt_len)
@@ -203,6 +283,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     load_after = os.getloadavg()[0]
     if not same:
         raise SystemExit("FAILED: depth 1 and depth 2 streamed different tokens")
+    peers = None
+    if args.peers if args.peers is not None else not args.quick:
+        peers = compare_peers(args.seed, prompts, n, args.rounds, reps)
 
     d1, d2 = by_depth[1], by_depth[2]
     speedup = d2["tokens_per_s"]["median"] / d1["tokens_per_s"]["median"]
@@ -223,6 +306,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         # other processes on a small machine shrinks depth 2's advantage.
         "load_average_1m": {"before": load_before, "after": load_after},
     }
+    if peers is not None:
+        figures["transformers"] = peers
 
     print(f"decoder {cfg.n_layers} layers x {cfg.d_model}, vocab {cfg.vocab}; {n_prompts} stream(s) of "
           f"{n} tokens after a {args.prompt_len}-token prompt, {reps} reps, {args.workers} device worker(s); "
@@ -236,6 +321,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"overlap figure: depth 2 reaches {overlap:.2f} of the bound 1/max(T_host, T_device) = {bound:.0f} "
           f"tokens/s (serial 1/(T_host + T_device) = {serial:.0f} tokens/s)")
     print("OK: depth 1 and depth 2 streamed the same tokens")
+    if peers is not None:
+        rates, threads = peers["tokens_per_s"], peers["threads"]
+        print_table(["engine", "tokens/s", "threads"],
+                    [[e, rates[e], threads[e]] for e in PEERS])
+        print(f"Tandem over transformers' GPT2LMHeadModel.generate: {peers['tandem_over_transformers']:.2f}x "
+              f"(each in its own processes, {peers['rounds']} rounds); OK: the same tokens")
     out = write_json("decode", figures, args.json)
     print(f"wrote {out}")
     return figures

@@ -238,8 +238,8 @@ def test_decode_benchmark_runs_and_reports_its_figures(tmp_path):
 
     script = Path(__file__).resolve().parents[2] / "benchmarks" / "decode.py"
     out = tmp_path / "decode.json"
-    proc = subprocess.run([sys.executable, str(script), "--quick", "--tokens", "6", "--reps", "1", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(script), "--quick", "--tokens", "6", "--reps", "1", "--json", str(out),
+                           "--peers", "--rounds", "1"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr[-3000:]
     assert "OK: depth 1 and depth 2 streamed the same tokens" in proc.stdout
     data = json.loads(out.read_text())
@@ -253,6 +253,20 @@ def test_decode_benchmark_runs_and_reports_its_figures(tmp_path):
         assert d["tokens_per_s"]["median"] > 0
     for key in ("speedup_depth2_over_depth1", "overlap_figure", "bound_tokens_per_s"):
         assert math.isfinite(figures[key]) and figures[key] > 0, key
+    peers = figures["transformers"]  # in separate processes; the script fails unless the tokens agree
+    assert peers["tokens_identical"] and peers["tandem_over_transformers"] > 0
+    assert set(peers["tokens_per_s"]) == {"tandem", "transformers"}
+
+
+def test_transformers_gpt2_with_the_same_weights_generates_the_same_tokens(weights, decoder):
+    """The decode benchmark's peer is this model: transformers' own GPT-2 code, cached greedy generate."""
+    pytest.importorskip("transformers", reason="needs the models extra: pip install '.[models]'")
+    from examples.decoder.transformers_peer import gpt2_from_weights, gpt2_generate
+
+    model = gpt2_from_weights(CFG, weights)
+    for (length, seed), n in [((8, 5), 24), ((1, 6), 12), ((60, 7), 10)]:
+        prompt = prompt_of(length, seed)
+        assert gpt2_generate(model, prompt, n) == decoder.generate(prompt, n)
 
 
 def test_the_command_line_demo_streams_text_and_checks_torch(capsys):
