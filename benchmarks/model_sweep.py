@@ -20,6 +20,10 @@ so a kernel that changes the numerics, such as a tanh GELU for the exact one, fa
 the peers, a sanity check of the same model, within cosine 0.999. The JSON keeps each shape's
 worst cosine and largest difference.
 
+Against the machine: the model's FLOPs per sentence (matmuls and attention products) times
+sentences/s, over the machine's large-sgemm rate (numpy float32 2048 x 2048 matmul, all cores,
+in a process of its own each round).
+
     python benchmarks/model_sweep.py [--quick] [--rounds 2] [--engines tandem,torch,ort]
                                      [--tandem-workers 2] [--json PATH]
 """
@@ -52,6 +56,30 @@ SEQ_LENS = (16, 64, 128, 256)
 BATCHES = (1, 8, 32)
 QUICK_SEQ_LENS = (16, 64)
 QUICK_BATCHES = (1, 8)
+# all-MiniLM-L6-v2: 6 layers, width 384, feed-forward 1536.
+LAYERS, HIDDEN, FF = 6, 384, 1536
+
+
+def model_flops(seq_len: int) -> int:
+    """FLOPs of one sentence of seq_len tokens: per layer and token the four matmuls (QKV, output,
+    the two feed-forward ones) and the attention products (QK^T and PV over seq_len keys)."""
+    per_token = 2 * HIDDEN * (4 * HIDDEN + 2 * FF) + 4 * seq_len * HIDDEN
+    return LAYERS * seq_len * per_token
+
+
+def sgemm_gflops(n: int = 2048, calls: int = 10) -> float:
+    """The machine's large-sgemm rate: numpy's float32 n x n matmul on all cores, best of `calls`."""
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((n, n), dtype=np.float32), rng.standard_normal((n, n), dtype=np.float32)
+    a @ b
+    best = min(_timed(lambda: a @ b) for _ in range(calls))
+    return 2 * n ** 3 / best / 1e9
+
+
+def _timed(fn: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
 _WORDS = ("river garden window yellow music letter winter market silver bridge forest doctor orange "
           "island camera planet summer dinner engine rabbit castle ticket pencil mirror button jacket "
           "rocket guitar tomato butter kitten monkey pocket basket ladder candle carpet bottle wallet").split()
@@ -229,6 +257,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         if args.worker == "export":
             export_onnx(Path(args.out))
             return {}
+        if args.worker == "sgemm":
+            Path(args.out).write_text(json.dumps({"gflops": sgemm_gflops()}))
+            return {}
         Path(args.out).write_text(json.dumps(worker(args.worker, shapes, args.quick, args.onnx)))
         return {}
 
@@ -247,7 +278,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             subprocess.run([sys.executable, __file__, "--worker", "export", "--out", str(onnx_path),
                             "--shapes", "0x0"], check=True, cwd=ROOT)
         runs: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+        sgemm: list[float] = []
         for r in range(rounds):
+            sgemm.append(_run_worker("sgemm", shapes, args.quick, None)["gflops"])
             order = engines[r % len(engines):] + engines[: r % len(engines)]
             for e in order:
                 print(f"round {r + 1}/{rounds}: {e}", flush=True)
@@ -256,8 +289,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         tmp.cleanup()
 
     reference = runs["torch"][0]["embeddings"] if "torch" in runs else None
+    machine = statistics.median(sgemm)
     figures: dict[str, Any] = {"cores": os.cpu_count(), "rounds": rounds, "engines": engines,
-                               "shapes": [{"seq_len": s, "batch": b} for s, b in shapes], "results": {}}
+                               "shapes": [{"seq_len": s, "batch": b} for s, b in shapes], "results": {},
+                               "machine_sgemm_gflops": machine}
     for e, per_round in runs.items():
         merged = []
         for i, (s, b) in enumerate(shapes):
@@ -274,6 +309,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                     raise SystemExit(f"{e} at seq_len {s} batch {b}: embeddings differ from torch's (cosine "
                                      f"{row['cosine_vs_torch']:.9f}, largest difference "
                                      f"{row['max_abs_diff_vs_torch']:.2e}; allowed {min_cos}, {max_diff})")
+            row["model_gflops"] = row["sentences_per_s"] * model_flops(s) / 1e9
+            row["fraction_of_sgemm"] = row["model_gflops"] / machine
             merged.append(row)
         figures["results"][e] = {"rows": merged}
 
@@ -299,6 +336,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             ratio_rows.append(line)
         print_table(["seq", "batch", *engines], ratio_rows)
         figures["ratios_to_torch"] = [dict(zip(["seq_len", "batch", *engines], r)) for r in ratio_rows]
+    print(f"\nmodel GFLOP/s as a fraction of the machine's large-sgemm rate ({machine:.0f} GFLOP/s)")
+    print_table(["seq", "batch", *engines],
+                [[s, b, *[figures["results"][e]["rows"][i]["fraction_of_sgemm"] for e in engines]]
+                 for i, (s, b) in enumerate(shapes)])
     path = write_json("model_sweep", figures, args.json)
     print(f"wrote {path}")
     try:

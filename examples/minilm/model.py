@@ -9,16 +9,17 @@ is a [T, features] matrix) are split into one contiguous chunk per pool
 worker. Row-wise work (bias adds, GELU, layernorms, and the matmuls when the
 chunks are large) is submitted per chunk, so each worker gets one large BLAS
 product per stage and a chunk moves on to its next stage as soon as its own
-rows are ready: the engine tracks dependencies by byte range, and chunks are
-disjoint. When chunks are small (fewer than MIN_CHUNK_ROWS rows), every worker
+rows are ready: the engine tracks dependencies by the bytes a view covers, and
+chunks are disjoint. When chunks are small (fewer than MIN_CHUNK_ROWS rows), every worker
 would stream whole weight matrices from memory for a few rows, so the matmuls
 are split by output columns instead. Attention is submitted per (chunk piece,
 head): a piece is the part of a chunk inside a run of whole sequences (or a
 slice of one sequence's queries), and a head is a column slice of the fused
 QKV matrix, which the attention kernel reads as a strided view (views can be
 sliced but not permuted, so a [B, H, S, D] view of it cannot be had). Heads of
-one piece write interleaved columns of the context matrix, so they run one
-after the other; the parallelism is across chunks.
+one piece write different columns of the same rows of the context matrix: the
+engine sees those as disjoint, so heads, like the column slices of a matmul,
+run in parallel.
 """
 
 import weakref

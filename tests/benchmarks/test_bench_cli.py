@@ -85,7 +85,8 @@ def sweep_schema(f: dict) -> list[float]:
         min_cos, max_diff = (1 - 1e-6, 1e-5) if e == "tandem" else (0.999, 1.0)
         assert all(r["cosine_vs_torch"] >= min_cos and r["max_abs_diff_vs_torch"] <= max_diff for r in rows)
         out += [r["sentences_per_s"] for r in rows] + [r["p99_ms"] for r in rows if r["batch"] == 1]
-    return out + [r[e] for r in f["ratios_to_torch"] for e in f["engines"]]
+        out += [r["fraction_of_sgemm"] for r in rows]
+    return out + [r[e] for r in f["ratios_to_torch"] for e in f["engines"]] + [f["machine_sgemm_gflops"]]
 
 
 def decode_schema(f: dict) -> list[float]:
