@@ -21,9 +21,10 @@ The signature is what binding's outcome depends on, and nothing it does not:
 
 Anything else (torch tensors, other array types, two host outputs that could
 overlap, a key no longer recorded, tracing on) takes the full path, which
-raises binding's errors and records what it must. The cache is bounded
-(SIZE signatures, the oldest dropped first) and emptied when the runtime
-closes.
+raises binding's errors and records what it must. The cache keeps as many
+signatures as the runtime keeps recordings (capture_limit: a program called N
+ways needs N of each; a decoder's steps differ by position in both), the
+oldest dropped first, and is emptied when the runtime closes.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ if TYPE_CHECKING:
 
 __all__ = ["CallCache", "CachedBinding", "CachedCall"]
 
-SIZE = 64  # signatures kept per runtime: a program called a few ways, or a decoder's per-position views
 REPLAYS = 64  # per signature: (slot, Scalar values) -> the recording replayed and its plan there
 
 _SCALAR_TYPES = (int, float, bool)
@@ -161,9 +161,10 @@ class CachedBinding:
 class CallCache:
     """A captured runtime's call signatures and what each derived."""
 
-    def __init__(self, program: "Program", capture: "Capture") -> None:
+    def __init__(self, program: "Program", capture: "Capture", size: int) -> None:
         self._program = program
         self._capture = capture
+        self._size = size
         self._entries: OrderedDict[tuple[Any, ...], CachedCall] = OrderedDict()
 
     def clear(self) -> None:
@@ -226,5 +227,5 @@ class CallCache:
             return
         entries = self._entries
         entries[sig] = CachedCall(sources, scalars, tensors, hosts, outputs, device_args, base_key)
-        if len(entries) > SIZE:
+        if len(entries) > self._size:
             entries.popitem(last=False)

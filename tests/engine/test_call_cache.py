@@ -11,7 +11,7 @@ import engine
 from engine import In, Out, Scalar
 from engine import kernels as K
 from engine.binding import BoundCall
-from engine.call_cache import SIZE, CachedBinding
+from engine.call_cache import CachedBinding
 from scheduler import AsyncRuntime
 from tests.engine.test_capture import f32, mlp, mlp_ref  # mlp passes its float Scalar straight through
 
@@ -161,14 +161,16 @@ def test_tracing_records_the_host_spans_of_cached_calls(prepared):
     assert {e[0] for e in events} == runs
 
 
-def test_the_signature_table_is_bounded(prepared):
-    rt = prepared(steps, capture=True)
-    xs = rt.alloc_tensor((SIZE + 8, 8), init=np.ones((SIZE + 8, 8), np.float32))
-    views = [xs[i] for i in range(SIZE + 8)]  # a signature per view
+def test_the_signature_table_keeps_as_many_signatures_as_recordings(prepared):
+    limit = 12
+    rt = prepared(steps, capture=True, capture_limit=limit)
+    xs = rt.alloc_tensor((limit + 8, 8), init=np.ones((limit + 8, 8), np.float32))
+    views = [xs[i] for i in range(limit + 8)]  # a signature per view (one recording: only its plans differ)
     for v in views:
         rt(v, k=1)
         rt(v, k=1)
-    assert len(rt._calls._entries) == SIZE
+        assert isinstance(rt.bind((v,), {"k": 1}), CachedBinding)
+    assert len(rt._calls._entries) == limit
     for v in views:
         np.testing.assert_allclose(rt(v, k=2), 4.0)
 
