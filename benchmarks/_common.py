@@ -8,11 +8,23 @@ import os
 import platform
 import statistics
 import subprocess
+import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
 RESULTS_DIR = Path(__file__).parent / "results"
+
+
+def run_worker(script: str, args: list[str]) -> dict[str, Any]:
+    """Runs `script args --out FILE` in a fresh interpreter (one engine alone in its process, from the
+    directory above benchmarks/, where examples/ is) and returns the JSON the worker wrote to FILE."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "figures.json"
+        subprocess.run([sys.executable, script, *args, "--out", str(out)], check=True,
+                       cwd=Path(script).resolve().parents[1])
+        return json.loads(out.read_text())
 
 
 def repeat(fn: Callable[[], float], reps: int, warmup: int = 1) -> dict[str, float]:

@@ -40,9 +40,7 @@ import io
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -54,7 +52,7 @@ sys.path.insert(0, str(ROOT))
 
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import print_table, repeat, write_json  # noqa: E402
+from _common import print_table, repeat, run_worker, write_json  # noqa: E402
 
 from examples.decoder import Decoder, DecoderConfig, init_weights  # noqa: E402
 from examples.decoder.vocab import Detokenizer, ToyVocab  # noqa: E402
@@ -229,14 +227,11 @@ def peer_worker(engine: str, seed: int, prompts: list[list[int]], n: int, calls:
 def compare_peers(seed: int, prompts: list[list[int]], n: int, rounds: int, calls: int) -> dict[str, Any]:
     """Tandem against transformers, each in fresh processes, rounds in rotated order; tokens must agree."""
     runs: dict[str, list[dict[str, Any]]] = {e: [] for e in PEERS}
-    with tempfile.TemporaryDirectory() as tmp:
-        for r in range(rounds):
-            for e in PEERS[r % 2:] + PEERS[:r % 2]:
-                out = Path(tmp) / f"{e}-{r}.json"
-                subprocess.run([sys.executable, __file__, "--peer-worker", e, "--out", str(out), "--seed", str(seed),
-                                "--tokens", str(n), "--prompt-len", str(len(prompts[0])), "--reps", str(calls),
-                                "--prompts", json.dumps(prompts)], check=True, cwd=ROOT)
-                runs[e].append(json.loads(out.read_text()))
+    for r in range(rounds):
+        for e in PEERS[r % 2:] + PEERS[:r % 2]:
+            runs[e].append(run_worker(__file__, ["--peer-worker", e, "--seed", str(seed), "--tokens", str(n),
+                                                 "--prompt-len", str(len(prompts[0])), "--reps", str(calls),
+                                                 "--prompts", json.dumps(prompts)]))
     ours, theirs = runs["tandem"][0]["tokens"], runs["transformers"][0]["tokens"]
     if ours != theirs:
         raise SystemExit(f"FAILED: Tandem and transformers generated different tokens: {ours} vs {theirs}")

@@ -50,7 +50,7 @@ sys.path.insert(0, str(ROOT))  # examples/ is not installed: it is code a user c
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model comes from its package, never a hub
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from _common import print_table, write_json  # noqa: E402
+from _common import print_table, run_worker, write_json  # noqa: E402
 
 SEQ_LENS = (16, 64, 128, 256)
 BATCHES = (1, 8, 32)
@@ -214,16 +214,12 @@ def worker(engine: str, shapes: list[tuple[int, int]], quick: bool, onnx_path: s
 
 
 def _run_worker(engine: str, shapes: list[tuple[int, int]], quick: bool, onnx_path: Path | None) -> dict[str, Any]:
-    with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "figures.json"
-        cmd = [sys.executable, __file__, "--worker", engine, "--out", str(out),
-               "--shapes", ",".join(f"{s}x{b}" for s, b in shapes)]
-        if quick:
-            cmd.append("--quick")
-        if onnx_path is not None:
-            cmd += ["--onnx", str(onnx_path)]
-        subprocess.run(cmd, check=True, cwd=ROOT)
-        return json.loads(out.read_text())
+    args = ["--worker", engine, "--shapes", ",".join(f"{s}x{b}" for s, b in shapes)]
+    if quick:
+        args.append("--quick")
+    if onnx_path is not None:
+        args += ["--onnx", str(onnx_path)]
+    return run_worker(__file__, args)
 
 
 # How close to torch's embeddings each engine must be, at every shape: (cosine at least, |difference| at most).

@@ -87,22 +87,21 @@ def signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ..
 class CachedCall:
     """What binding and launching one call signature derived: reused by every call with that signature."""
 
-    __slots__ = ("sources", "scalars", "tensors", "hosts", "outputs", "device_args", "base_key", "_addrs",
+    __slots__ = ("sources", "scalars", "hosts", "outputs", "device_args", "base_key", "_addrs",
                  "_copy_backs", "_replays")
 
     def __init__(self, sources: list[int], scalars: list[tuple[int, Scalar, str]],
-                 tensors: list[tuple[int, DeviceTensor]],
                  hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]],
                  outputs: list[tuple[str, Any]], device_args: list[tuple[int, DeviceTensor]],
                  base_key: tuple[Any, ...]) -> None:
         self.sources = sources  # per parameter: its index in args + kwargs values, -1 where omitted
         self.scalars = scalars  # (parameter index, spec, name)
-        self.tensors = tensors  # (parameter index, DeviceTensor): checked live per call
         # (parameter index, name, shape, numpy dtype, nbytes, reads, writes, given): given False for an
         # omitted Out, which each call allocates
         self.hosts = hosts
         self.outputs = outputs  # in declaration order: ("device", tensor) / ("host", host index)
-        self.device_args = device_args  # the capture key's resident arguments (parameter index, tensor)
+        # (parameter index, DeviceTensor) of every resident argument: the capture key's, checked live per call
+        self.device_args = device_args
         self.base_key = base_key
         self._addrs: dict[int, list[int]] = {}  # slot index -> each host parameter's slot buffer address
         self._copy_backs: dict[int, list[tuple[int, int]]] = {}  # slot index -> (replay base, buffer address)
@@ -179,7 +178,7 @@ class CallCache:
         entry = self._entries.get(sig)
         if entry is None:
             return sig
-        for _, t in entry.tensors:
+        for _, t in entry.device_args:
             if t._alloc.freed:
                 return sig  # the full path raises binding's error
         flat = args + tuple(kwargs.values()) if kwargs else args
@@ -195,7 +194,6 @@ class CallCache:
         position = {name: n_args + k for k, name in enumerate(kw_names)}
         sources: list[int] = []
         scalars: list[tuple[int, Scalar, str]] = []
-        tensors: list[tuple[int, DeviceTensor]] = []
         hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]] = []
         outputs: list[tuple[str, Any]] = []
         host_outputs = 0
@@ -208,7 +206,6 @@ class CallCache:
             assert isinstance(spec, TensorSpec)
             value = a.value
             if isinstance(value, DeviceTensor):
-                tensors.append((i, value))
                 if spec.writes:
                     outputs.append(("device", value))
                 continue
@@ -226,6 +223,6 @@ class CallCache:
         if host_outputs > 1:  # binding checks that given outputs do not overlap: per call, not cached
             return
         entries = self._entries
-        entries[sig] = CachedCall(sources, scalars, tensors, hosts, outputs, device_args, base_key)
+        entries[sig] = CachedCall(sources, scalars, hosts, outputs, device_args, base_key)
         if len(entries) > self._size:
             entries.popitem(last=False)

@@ -404,8 +404,12 @@ class Capture:
         if found is None:
             found, force = self._find(base_key, [a.value for a in call.args])
         if found is not None:
+            engine = port.engine
+            assert engine is not None
+            recorded, patches = found
             tensor_base = self._tensor_base
-            self.replay(port, native, slot, found, device_args, [(tensor_base[i], addr) for i, addr in copy_backs])
+            engine.replay(native, self.plan(recorded, slot, device_args), patches,
+                          [(tensor_base[i], addr) for i, addr in copy_backs])
             return base_key
         values = [a.value for a in call.args]
         recorded, reads = self._record(port, native, slot, call, fn_args, device_args, force)
@@ -432,15 +436,6 @@ class Capture:
             return False
         self._hit(recorded.key)
         return True
-
-    def replay(self, port: TaskPort, native: "_native.Run", slot: "Slot",
-               found: tuple[Recorded, list[tuple[int, list[Any]]]], device_args: list[tuple[int, DeviceTensor]],
-               copy_backs: list[tuple[int, int]]) -> None:
-        """Enters a found recording into the run: one native call, the GIL released."""
-        engine = port.engine
-        assert engine is not None
-        recorded, patches = found
-        engine.replay(native, self.plan(recorded, slot, device_args), patches, copy_backs)
 
     def _find_plain(self, base_key: tuple[Any, ...]) -> tuple[Recorded, list[tuple[int, list[Any]]]] | None:
         """The common case at once: a key whose recording read no Scalar and passes none through."""

@@ -163,7 +163,8 @@ class Runtime(BaseRuntime["_native.Run"]):
         got = calls.bind(args, kwargs)
         if type(got) is CachedBinding:
             return got
-        call = bind_call(self._check_argument, self.program, args, kwargs, self.bounds)
+        call = super().bind(args, kwargs)
+        assert isinstance(call, BoundCall)
         if got is not None:
             call.signature = (got, len(args), tuple(kwargs))
         return call

@@ -175,9 +175,7 @@ void bind_engine(py::module_& m) {
       .def_property_readonly("byte_range", [](const TensorArg& a) { return py::make_tuple(a.begin, a.end); })
       .def(
           "may_overlap",
-          [](const TensorArg& a, const TensorArg& b) {
-            return may_overlap(span_of(a.view, a.begin, a.end), span_of(b.view, b.begin, b.end));
-          },
+          [](const TensorArg& a, const TensorArg& b) { return may_overlap(span_of(a), span_of(b)); },
           py::arg("other"),
           "Whether the two views may share a byte, were they in one allocation (dependency tracking's rule: "
           "False only when they surely do not, as column slices of the same rows)");

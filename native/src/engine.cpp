@@ -133,7 +133,7 @@ void Engine::submit_prepared(Run& run, const PreparedCall& call) {
     for (size_t i = 0; i < tensors.size(); ++i) {
       const TensorArg& a = tensors[i];
       if (a.alloc_id != 0 && a.end > a.begin) {
-        tracker_.access(t, a.alloc_id, span_of(a.view, a.begin, a.end), access[i]);
+        tracker_.access(t, a.alloc_id, span_of(a), access[i]);
       }
     }
     if (++submits_since_compact_ >= kCompactEvery) {
@@ -260,7 +260,7 @@ void Engine::submit_copy_back(Run& run, const TensorArg& arg, uintptr_t device_b
     t->index = run.n_tasks_++;
     run.outstanding_.fetch_add(1, std::memory_order_relaxed);
     if (arg.alloc_id != 0 && arg.end > arg.begin) {
-      tracker_.access(t, arg.alloc_id, span_of(arg.view, arg.begin, arg.end), TD_READ);
+      tracker_.access(t, arg.alloc_id, span_of(arg), TD_READ);
     }
   }
   tasks_submitted_.fetch_add(1, std::memory_order_relaxed);

@@ -53,6 +53,9 @@ struct TensorArg {
   uint64_t end = 0;
 };
 
+// The span dependency tracking sees for a tensor argument.
+inline Span span_of(const TensorArg& a) { return span_of(a.view, a.begin, a.end); }
+
 class Run;
 class TaskBlock;
 
