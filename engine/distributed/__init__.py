@@ -30,7 +30,8 @@ from engine.distributed.errors import WorkerDiedError
 from engine.distributed.orchestrator import Orchestrator
 from engine.distributed.program import DistributedProgram, PerWorker, program
 from engine.distributed.runtime import DistributedRuntime
+from engine.distributed.ray_transport import RayTransport
 from engine.distributed.transport import ProcessTransport, Region, Transport
 
-__all__ = ["DistributedProgram", "DistributedRuntime", "Orchestrator", "PerWorker", "ProcessTransport", "Region",
-           "Transport", "WorkerDiedError", "program"]
+__all__ = ["DistributedProgram", "DistributedRuntime", "Orchestrator", "PerWorker", "ProcessTransport", "RayTransport",
+           "Region", "Transport", "WorkerDiedError", "program"]

@@ -41,6 +41,11 @@ class Dispatcher:
     def __init__(self, transport: Transport, workers: int, post: Callable[[int], None],
                  now_ns: Callable[[], int]) -> None:
         self._transport = transport
+        # With shared memory a worker's later submission may follow an earlier one without waiting for
+        # its reply (the worker's engine orders them, and both see the same bytes). A transport that
+        # copies bytes must wait: the later one's inputs leave the host only once the earlier one's
+        # outputs are back in it.
+        self._same_worker_shortcut = transport.shares_memory
         self._post = post  # announces a completed run id on the notifier
         self._now = now_ns
         self._lock = threading.Lock()
@@ -83,7 +88,7 @@ class Dispatcher:
                 run.waiting = subs
                 for sub in subs:
                     for pred in self._tracker.add(sub):
-                        if pred.state == SENT and pred.worker == sub.worker:
+                        if pred.state == SENT and pred.worker == sub.worker and self._same_worker_shortcut:
                             continue  # already queued to the same executor, which orders the two itself
                         pred.succs.append(sub)
                         sub.blocking += 1
@@ -128,11 +133,11 @@ class Dispatcher:
             else:
                 sub.seq = next(self._seq)
                 self._sent[sub.seq] = sub
-                key, dims, args = sub.payload
-                self._outboxes[sub.worker].append(Call(sub.seq, key, dims, args))
+                key, dims, args, access = sub.payload
+                self._outboxes[sub.worker].append(Call(sub.seq, key, dims, args, access))
             keep = []
             for succ in sub.succs:  # those on the same executor need not wait for the reply
-                if succ.worker == sub.worker:
+                if succ.worker == sub.worker and self._same_worker_shortcut:
                     succ.blocking -= 1
                     if succ.blocking == 0:
                         work.append(succ)

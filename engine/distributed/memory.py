@@ -8,13 +8,15 @@ worker's).
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import numpy as np
 
 from engine import _native
+from engine.dtypes import as_dtype
 from engine.tensor import Allocation, DeviceTensor
 
-__all__ = ["SharedAllocation", "host_view"]
+__all__ = ["SharedAllocation", "host_view", "strided_view", "descriptor_view"]
 
 # Host-side ids of shared regions (and planning stand-ins): only identity matters on the host.
 _ids = itertools.count(1)
@@ -38,9 +40,21 @@ def host_view(t: DeviceTensor, writable: bool) -> np.ndarray:
     """A numpy view of a shared tensor's bytes (no copy)."""
     alloc = t._alloc
     assert isinstance(alloc, SharedAllocation) and alloc.base is not None
-    item = t.dtype.itemsize
-    arr = np.ndarray(t.shape, t.dtype.numpy, buffer=alloc.base, offset=t._offset,
-                     strides=tuple(s * item for s in t.strides))
+    return strided_view(alloc.base, t._offset, t.shape, t.strides, t.dtype.numpy, writable)
+
+
+def descriptor_view(base: np.ndarray, desc: tuple[Any, ...], writable: bool = True) -> np.ndarray:
+    """The view of `base` (a region's bytes) that a Call's region descriptor ("s", region, offset, shape,
+    strides, dtype) names."""
+    _, _, offset, shape, strides, dtype = desc
+    return strided_view(base, offset, shape, strides, as_dtype(dtype).numpy, writable)
+
+
+def strided_view(base: np.ndarray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
+                 dtype: np.dtype, writable: bool = True) -> np.ndarray:
+    """A numpy view of `base` (bytes): `offset` in bytes, `strides` in elements."""
+    item = dtype.itemsize
+    arr = np.ndarray(shape, dtype, buffer=base, offset=offset, strides=tuple(s * item for s in strides))
     if not writable:
         arr.flags.writeable = False
     return arr

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 from engine.binding import bind_call
 from engine.distributed.graph import HOST, Submission
 from engine.distributed.memory import SharedAllocation
-from engine.distributed.program import WRITE
+from engine.distributed.program import READ, WRITE
 from engine.hostarrays import is_host_array
 from engine.orchestration import OrchestrationContext, ScratchArena
 from engine.program import Program
@@ -121,7 +121,7 @@ class Orchestrator(OrchestrationContext):
             hit = self._registry.bound.get(layout)
             if hit is not None and hit.live():
                 descs = hit.with_scalars(args, kwargs)
-                payload = (hit.key, hit.dims, descs)
+                payload = (hit.key, hit.dims, descs, hit.access)
                 self._subs.append(Submission(self._run, len(self._subs), worker, program.name,  # type: ignore[arg-type]
                                              list(hit.accesses), payload))
                 return
@@ -134,11 +134,13 @@ class Orchestrator(OrchestrationContext):
                                 "the run's tensors, orch.scratch() tensors or resident tensors")
         call = bind_call(self._pinned_check(w), program, args, kwargs, self._registry.bounds(program))
         arg_descs: list[tuple[Any, ...]] = []
+        arg_access: list[int] = []
         accesses = []
         for a in call.args:
             spec = a.param.spec
             if isinstance(spec, Scalar):
                 arg_descs.append(("v", a.value))
+                arg_access.append(0)
                 continue
             t = a.value
             if t is None:
@@ -147,13 +149,14 @@ class Orchestrator(OrchestrationContext):
             begin, end = t._byte_range()
             accesses.append((t._alloc, begin, end, spec.writes))
             arg_descs.append(_describe(t))
+            arg_access.append((READ if spec.reads else 0) | (WRITE if spec.writes else 0))
         key = self._registry.key(program, call.dims)
         if self._run is not None:
-            payload = (key, dict(call.dims), tuple(arg_descs))
+            payload = (key, dict(call.dims), tuple(arg_descs), tuple(arg_access))
             self._subs.append(Submission(self._run, len(self._subs), w, program.name, list(accesses), payload))
             if layout is not None:
-                self._registry.remember(layout, _Bound(program, key, dict(call.dims), tuple(arg_descs), accesses,
-                                                       args, kwargs))
+                self._registry.remember(layout, _Bound(program, key, dict(call.dims), tuple(arg_descs),
+                                                       tuple(arg_access), accesses, args, kwargs))
 
     def submit_sub(self, name: str, *tensors: DeviceTensor) -> None:
         """Runs host callback `name` (bound at prepare) as fn(*arrays) once this run is sealed.
@@ -255,13 +258,14 @@ class _Bound:
     then raises).
     """
 
-    __slots__ = ("key", "dims", "descs", "accesses", "allocs", "scalars")
+    __slots__ = ("key", "dims", "descs", "access", "accesses", "allocs", "scalars")
 
     def __init__(self, program: Program, key: int, dims: dict[str, int], descs: tuple[tuple[Any, ...], ...],
-                 accesses: list[Any], args: tuple, kwargs: dict[str, Any]) -> None:
+                 access: tuple[int, ...], accesses: list[Any], args: tuple, kwargs: dict[str, Any]) -> None:
         self.key = key
         self.dims = dims
         self.descs = descs
+        self.access = access
         self.accesses = tuple(accesses)
         self.allocs = tuple(a[0] for a in accesses)
         # (descriptor index, where the value comes from: a position or a keyword, its parameter)

@@ -69,12 +69,19 @@ class SetupFailed(NamedTuple):
 
 
 class Call(NamedTuple):
-    """Run registered program `program` once with these arguments."""
+    """Run registered program `program` once with these arguments.
+
+    access: per argument, what the program does with it (0 for a scalar,
+    READ | WRITE bits of engine.distributed.program for a tensor): a
+    transport without shared memory ships what is read and returns what is
+    written.
+    """
 
     seq: int
     program: int
     dims: dict[str, int]
     args: tuple[tuple[Any, ...], ...]
+    access: tuple[int, ...]
 
 
 class Done(NamedTuple):

@@ -154,6 +154,11 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         """Whether each chip worker process is alive."""
         return [self._transport.alive(i) for i in range(self._workers)]
 
+    def transfer_stats(self) -> dict[str, int]:
+        """Region bytes and views copied to and from the workers so far (all zero with shared memory:
+        a ProcessTransport's workers map the regions; resident tensors never cross)."""
+        return self._transport.transfer_stats()
+
     @property
     def shared_memory_names(self) -> list[str]:
         """The names of this runtime's shared-memory regions (under /dev/shm on Linux)."""

@@ -9,20 +9,23 @@ The orchestration layer (dispatch, runtime) only ever calls this interface:
                                       block=False sends only if that cannot wait
     alive(worker) -> bool             health
     stop(timeout)                     stop and reap every worker, remove every region
+    shares_memory                     whether workers address the regions' bytes in place
+    transfer_stats() -> dict          what crossed between host and workers (counters)
 
-and receives through two callbacks, called on the transport's own thread:
-on_message(worker, message) for every reply, and on_exit(worker, reason)
-when a worker is gone for any reason other than stop().
+and receives through two callbacks, called on the transport's own threads:
+on_message(worker, message) for every reply (in order per worker), and
+on_exit(worker, reason) when a worker is gone for any reason other than
+stop().
 
 ProcessTransport runs each worker as a local process (spawn or forkserver:
 never fork, the host has threads) connected by multiprocessing.Pipe (an
-AF_UNIX socket pair), with the regions in
-POSIX shared memory that every worker maps, so a run's tensor bytes never
-travel through the pipe. A backend that places workers on Ray actors across
-machines implements the same five calls: its regions are plain host
-buffers, send() ships the byte ranges a Call reads (every argument
-descriptor names its region, offset, shape and strides), and the reply path
-writes the ranges the Call wrote back into the region before on_message.
+AF_UNIX socket pair), with the regions in POSIX shared memory that every
+worker maps, so a run's tensor bytes never travel through the pipe.
+engine.distributed.ray_transport.RayTransport places workers on Ray actors,
+possibly on other machines: its regions are host buffers with a copy on each
+worker (shares_memory is False), a Call carries the bytes of the region
+views it reads, and its Done brings back the views it wrote, which land in
+the host's region before on_message.
 """
 
 from __future__ import annotations
@@ -66,6 +69,9 @@ class Transport(abc.ABC):
     """How the host starts, reaches, watches and stops its chip workers."""
 
     workers: int
+    # Workers address the regions' bytes in place (shared memory): nothing is copied per Call, and a
+    # worker's later Call may be sent before the reply to its earlier one (see Dispatcher).
+    shares_memory: bool = True
 
     @abc.abstractmethod
     def create_region(self, nbytes: int) -> Region:
@@ -96,6 +102,10 @@ class Transport(abc.ABC):
     @abc.abstractmethod
     def stop(self, timeout: float = 5.0) -> None:
         """Stops every worker (asks, then terminates, then kills), reaps them, removes every region. Idempotent."""
+
+    def transfer_stats(self) -> dict[str, int]:
+        """Counters of region bytes copied to and from workers (zero where the memory is shared)."""
+        return {"bytes_to_workers": 0, "bytes_from_workers": 0, "views_to_workers": 0, "views_from_workers": 0}
 
 
 class _SharedRegion(Region):

@@ -106,15 +106,22 @@ class _Prepared:
 
 
 class ChipHost:
-    """A worker's device, pool and registered programs; its runs submit through a TaskPort of its engine."""
+    """A worker's device, pool and registered programs; its runs submit through a TaskPort of its engine.
 
-    def __init__(self, setup: Setup) -> None:
+    local_regions: the regions are this process's own memory (a copy of the
+    host's, kept by a transport that ships bytes) instead of the host's
+    shared memory mapped by name.
+    """
+
+    def __init__(self, setup: Setup, local_regions: bool = False) -> None:
+        self._local_regions = local_regions
         self._device = _native.Device(setup.memory_limit)
         self._engine: Any = _native.Engine(self._device, setup.threads)
         self.clock_offset_ns = time.monotonic_ns() - self._engine.now_ns()
         self._port = TaskPort(self, self._engine, self._engine.workers, no_callbacks=NO_HOST_CALLBACKS)
         self._allocs: dict[int, Allocation] = {}  # resident tensors and buffers, by device id
-        self._regions: dict[int, tuple[SharedMemory, Allocation]] = {}
+        # index -> (the shared memory mapped, or None for a local region; its bytes; its allocation)
+        self._regions: dict[int, tuple[SharedMemory | None, np.ndarray, Allocation]] = {}
         self._programs = [_Prepared(resolve_program(p.module, p.qualname), dict(p.bounds), p.scratch_bytes)
                           for p in setup.programs]
         self._pending: dict[int, tuple[int, _Prepared, Allocation | None, Any]] = {}
@@ -132,12 +139,24 @@ class ChipHost:
     def notifier_fd(self) -> int:
         return self._engine.notifier_fd
 
+    def engine_now_ns(self) -> int:
+        """The clock of this worker's run timestamps."""
+        return self._engine.now_ns()
+
     def _attach(self, spec: RegionSpec) -> None:
-        shm = SharedMemory(name=spec.name)
-        assert shm.buf is not None  # attached: mapped until closed
-        addr = np.frombuffer(shm.buf, np.uint8).ctypes.data
-        buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + spec.index, addr, spec.size)
-        self._regions[spec.index] = (shm, Allocation(self, buf, "shared"))
+        shm: SharedMemory | None = None
+        if self._local_regions:
+            base = np.zeros(spec.size, np.uint8)
+        else:
+            shm = SharedMemory(name=spec.name)
+            assert shm.buf is not None  # attached: mapped until closed
+            base = np.frombuffer(shm.buf, np.uint8)
+        buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + spec.index, base.ctypes.data, spec.size)
+        self._regions[spec.index] = (shm, base, Allocation(self, buf, "shared"))
+
+    def region_bytes(self, index: int) -> np.ndarray:
+        """The bytes of region `index` as this worker addresses them."""
+        return self._regions[index][1]
 
     # -- requests ---------------------------------------------------------------------------------
     def handle(self, msg: Any) -> Any:
@@ -186,7 +205,7 @@ class ChipHost:
         if view is not None:
             return view
         _, key, offset, shape, strides, dtype = d
-        alloc = self._regions[key][1] if kind == "s" else self._allocs.get(key)
+        alloc = self._regions[key][2] if kind == "s" else self._allocs.get(key)
         if alloc is None:
             raise ValueError(f"chip worker: no resident allocation {key} (freed?)")
         if len(self._views) >= 4096:
@@ -252,10 +271,13 @@ class ChipHost:
         self._engine.close(True)
         self._pending.clear()
         self._port.close()
-        for shm, alloc in self._regions.values():
-            alloc.freed = True
-            shm.close()
+        # A comprehension, so no loop variable keeps a mapping's bytes exported when it is closed.
+        regions = [(alloc, shm) for shm, _, alloc in self._regions.values()]
         self._regions.clear()
+        for alloc, shm in regions:
+            alloc.freed = True
+            if shm is not None:
+                shm.close()
 
 
 def resolve_program(module: str, qualname: str) -> Program:

@@ -169,3 +169,16 @@ def scaled_on(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)), y:
     """The same submissions run after run, with a scalar and a resident that may change."""
     orch.submit(scale, x, y, factor, worker=worker)
     orch.submit(add_into, x, acc, worker=worker)
+
+
+@dist.program
+def pipeline(orch: dist.Orchestrator, x: In(("B", D)), wa: In((D, D)), wb: In((D, D)), y: Out(("B", D))):
+    """Pipeline parallel: stage 1 and a scaling on worker 0 (one after the other there), stage 2 on worker 1.
+
+    y = 2 (x wa) wb
+    """
+    h = orch.scratch(("B", D), "float32")
+    h2 = orch.scratch(("B", D), "float32")
+    orch.submit(matmul, x, wa, h, worker=0)
+    orch.submit(scale, h, h2, 2.0, worker=0)
+    orch.submit(matmul, h2, wb, y, worker=1)

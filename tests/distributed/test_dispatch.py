@@ -65,8 +65,8 @@ def test_work_released_by_a_reply_goes_out_through_the_sender_thread_in_order():
     try:
         a = _Alloc()
         run = _record(d)
-        first = Submission(run, 0, 1, "first", [(a, 0, 64, True)], (0, {}, ()))
-        readers = [Submission(run, i, 0, f"r{i}", [(a, 0, 64, False)], (i, {}, ())) for i in range(1, 6)]
+        first = Submission(run, 0, 1, "first", [(a, 0, 64, True)], (0, {}, (), ()))
+        readers = [Submission(run, i, 0, f"r{i}", [(a, 0, 64, False)], (i, {}, (), ())) for i in range(1, 6)]
         d.seal(run, [first, *readers])
         assert [m.program for _w, m, _t in transport.sent] == [0]  # only `first` was ready
         d.on_message(1, Done(transport.sent[0][1].seq, None, 1, 2))  # on "the replies' thread"

@@ -1,0 +1,104 @@
+"""The chip worker as a Ray actor: the same ChipHost as a worker process, fed through a Compiled Graph.
+
+The host compiles one single-actor graph per worker (InputNode -> step) and
+sends each batch of protocol messages as one execution. step() applies the
+bytes a Call reads to this worker's copy of the region, starts the Call on
+its engine, serves memory calls at once, then waits until every Call of the
+batch has completed and returns the replies, each Done with the region views
+its Call wrote. A batch never holds a Call that depends on another of the
+same batch: with no shared memory the dispatcher sends a Call only once the
+replies it depends on are back (Transport.shares_memory).
+
+watch() runs in its own concurrency group and returns only when the actor
+dies (it is never asked to): the host waits on it to learn of a death even
+while no batch is under way.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import sys
+import threading
+from typing import Any
+
+import numpy as np
+import ray
+
+from engine.distributed.memory import descriptor_view
+from engine.distributed.program import WRITE
+from engine.distributed.protocol import Call, Done, Ready, Setup, SetupFailed, portable_error
+from engine.distributed.worker import ChipHost
+
+__all__ = ["ChipActor", "Batch", "Replies"]
+
+# One message and the (argument index, bytes) it carries to the worker; replies with what they carry back.
+Batch = list[tuple[Any, tuple[tuple[int, np.ndarray], ...]]]
+Replies = list[tuple[Any, tuple[tuple[int, np.ndarray], ...]]]
+
+
+@ray.remote(concurrency_groups={"watch": 1})  # type: ignore[call-overload]  # Ray's stubs lack the option
+class ChipActor:
+    def __init__(self) -> None:
+        self._host: ChipHost | None = None
+        self._never = threading.Event()
+
+    def setup(self, setup: Setup, sys_path: list[str]) -> Ready | SetupFailed:
+        """Prepares the worker; the driver's import path first, as a spawned worker process gets it."""
+        for p in reversed(sys_path):
+            if p and p not in sys.path and os.path.isdir(p):
+                sys.path.insert(0, p)
+        try:
+            self._host = ChipHost(setup, local_regions=True)
+            return Ready(os.getpid(), self._host.workers, self._host.clock_offset_ns)
+        except BaseException as e:
+            return SetupFailed(portable_error(e))
+
+    def engine_now_ns(self) -> int:
+        assert self._host is not None
+        return self._host.engine_now_ns()
+
+    def set_clock_offset(self, offset_ns: int) -> None:
+        """What to add to this worker's engine clock to get the driver's (the nodes' clocks differ)."""
+        assert self._host is not None
+        self._host.clock_offset_ns = offset_ns
+
+    def node_id(self) -> str:
+        return ray.get_runtime_context().get_node_id()
+
+    def step(self, batch: Batch) -> Replies:
+        host = self._host
+        assert host is not None
+        replies: Replies = []
+        waiting: dict[int, Call] = {}
+        for msg, reads in batch:
+            if not isinstance(msg, Call):
+                replies.append((host.handle(msg), ()))
+                continue
+            try:
+                for i, data in reads:
+                    d = msg.args[i]
+                    np.copyto(descriptor_view(host.region_bytes(d[1]), d), data)
+            except BaseException as e:
+                replies.append((Done(msg.seq, portable_error(e), -1, -1), ()))
+                continue
+            done = host.call(msg)
+            if done is None:
+                waiting[msg.seq] = msg
+            else:
+                replies.append((done, ()))
+        fd = host.notifier_fd
+        while waiting:
+            select.select([fd], [], [])
+            for done in host.completed():
+                msg = waiting.pop(done.seq)
+                writes: tuple[tuple[int, np.ndarray], ...] = ()
+                if done.error is None:
+                    writes = tuple((i, np.array(descriptor_view(host.region_bytes(d[1]), d, False)))
+                                   for i, (d, a) in enumerate(zip(msg.args, msg.access)) if a & WRITE and d[0] == "s")
+                replies.append((done, writes))
+        return replies
+
+    @ray.method(concurrency_group="watch")
+    def watch(self) -> None:
+        self._never.wait()

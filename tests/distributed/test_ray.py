@@ -1,0 +1,324 @@
+"""engine.distributed on Ray: chip workers as actors of a real multi-node cluster on this machine.
+
+The cluster (ray.cluster_utils.Cluster) has two nodes, each with its own
+raylet and object store, so "spread" placement puts the two workers on
+different nodes and every byte a run moves crosses between nodes as it would
+between machines. The tests marked slow (a removed node, the plain-actor
+channel, per-worker options, "pack") run with --run-slow.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import anyio
+import numpy as np
+import pytest
+
+import engine
+import engine.distributed as dist
+from scheduler import AsyncRuntime
+from tests.distributed import programs as P
+from tests.distributed.conftest import mlp_reference, randn
+
+ray = pytest.importorskip("ray")
+from ray.cluster_utils import Cluster  # noqa: E402
+
+DETECT = 20.0  # seconds: the bound on noticing a dead actor (Ray reports it within about a second)
+NODE_DETECT = 60.0  # seconds: a removed node is noticed by Ray's node health check
+B = 16
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    if ray.is_initialized():
+        ray.shutdown()
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    second = c.add_node(num_cpus=2, resources={"second": 1})
+    c.wait_for_nodes()
+    ray.init(address=c.address, logging_level="ERROR", log_to_driver=False)
+    baseline = ray.cluster_resources()
+    yield c, second, baseline
+    ray.shutdown()
+    c.shutdown()
+
+
+def _ray(prog: dist.DistributedProgram, **kwargs) -> dist.DistributedRuntime:
+    kwargs.setdefault("workers", 2)
+    kwargs.setdefault("worker_threads", 1)
+    transport = kwargs.pop("transport", None) or dist.RayTransport()
+    return prog.prepare(transport=transport, **kwargs)
+
+
+def _assert_nothing_left(drt: dist.DistributedRuntime) -> None:
+    """Every actor dead; the placement group removed and its reserved resources gone from the cluster."""
+    transport = drt._transport
+    assert isinstance(transport, dist.RayTransport)
+    for actor in transport.actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.node_id.remote(), timeout=DETECT)
+    pg = transport.placement_group
+    if pg is not None:
+        assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
+        _wait_for_no_bundles(pg.id.hex())
+
+
+def _wait_for_no_bundles(pg_hex: str) -> None:
+    """The raylets report a removed group's bundle resources gone a moment later."""
+    deadline = time.monotonic() + DETECT
+    while [k for k in ray.cluster_resources() if pg_hex in k] and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [k for k in ray.cluster_resources() if pg_hex in k] == []
+
+
+@pytest.fixture(scope="module")
+def dp(cluster):
+    drt = _ray(P.dp_mlp, depth=2, bounds={"B": B})
+    yield drt
+    drt.close()
+    _assert_nothing_left(drt)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    rng = np.random.default_rng(0)
+    return randn(rng, P.D, P.H, scale=0.1), randn(rng, P.H, P.D, scale=0.1)
+
+
+def test_spread_places_the_workers_on_different_nodes(dp, cluster):
+    transport = dp._transport
+    nodes = {n["NodeID"] for n in ray.nodes() if n["Alive"]}
+    assert len(set(transport.node_ids)) == 2 and set(transport.node_ids) <= nodes
+    assert dp.health() == [True, True]
+    assert ray.util.placement_group_table(transport.placement_group)["strategy"] == "SPREAD"
+
+
+def test_data_parallel_matches_numpy_and_moves_only_what_runs_read_and_write(dp, weights):
+    w1, w2 = weights
+    rng = np.random.default_rng(1)
+    for b in (B, 7, 1):  # uneven shards; at 1 worker 1 gets no rows
+        x = randn(rng, b, P.D)
+        before = dp.transfer_stats()
+        y = dp(x, w1, w2)
+        after = dp.transfer_stats()
+        np.testing.assert_allclose(y, mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+        moved_in = after["bytes_to_workers"] - before["bytes_to_workers"]
+        moved_out = after["bytes_from_workers"] - before["bytes_from_workers"]
+        shards = 2 if b > 1 else 1
+        # each shard of x and both weights (staged per run: they are host arguments here) go in, y comes back
+        assert moved_in == x.nbytes + shards * (w1.nbytes + w2.nbytes)
+        assert moved_out == b * P.D * 4
+
+
+def test_resident_weights_never_cross(cluster, weights):
+    w1, w2 = weights
+    drt = _ray(P.dp_mlp_resident, depth=2, bounds={"B": B})
+    try:
+        w1s = [drt.alloc_tensor((P.D, P.H), init=w1, worker_id=i) for i in range(2)]
+        w2s = [drt.alloc_tensor((P.H, P.D), init=w2, worker_id=i) for i in range(2)]
+        np.testing.assert_array_equal(w2s[1].to_numpy(), w2)
+        x = randn(np.random.default_rng(2), B, P.D)
+        before = drt.transfer_stats()
+        for _ in range(3):
+            y = drt(x, w1s, w2s)
+            np.testing.assert_allclose(y, mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+        after = drt.transfer_stats()
+        assert after["bytes_to_workers"] - before["bytes_to_workers"] == 3 * x.nbytes  # only x: never a weight
+        assert after["bytes_from_workers"] - before["bytes_from_workers"] == 3 * y.nbytes
+        assert drt.memory_stats(worker_id=1)["bytes_in_use"] >= w1.nbytes + w2.nbytes
+        for t in (*w1s, *w2s):
+            drt.free_tensor(t)
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
+def test_pipeline_parallel_stages_hand_over_through_the_host(cluster):
+    rng = np.random.default_rng(3)
+    wa, wb = randn(rng, P.D, P.D, scale=0.1), randn(rng, P.D, P.D, scale=0.1)
+    drt = _ray(P.pipeline, depth=3, bounds={"B": B})
+    try:
+        drt.set_tracing(True)
+        xs = [randn(rng, B, P.D) for _ in range(6)]
+        handles = [drt.submit(x, wa, wb) for x in xs]  # three in flight at once
+        for x, h in zip(xs, handles):
+            expected = 2.0 * (x.astype(np.float64) @ wa) @ wb
+            np.testing.assert_allclose(h.result(timeout=DETECT), expected, rtol=1e-4, atol=1e-4)
+        _spans, events = drt.drain_trace()
+        for run in {e[0] for e in events}:  # per run: stage 1 and the scaling on 0, then stage 2 on 1, in order
+            ev = sorted((e for e in events if e[0] == run), key=lambda e: e[1])
+            assert [e[2] for e in ev] == [0, 0, 1]
+            assert ev[0][4] <= ev[1][3] + 1_000_000 and ev[1][4] <= ev[2][3] + 1_000_000  # clocks: 1 ms slack
+    finally:
+        drt.close()
+
+
+def test_host_callbacks_run_on_the_driver_with_the_workers_outputs(cluster):
+    rng = np.random.default_rng(4)
+    w = randn(rng, P.KD, P.N, scale=0.1)
+    drt = _ray(P.tp_matmul, bounds={"B": 8}, callbacks={"gather": P.gather})
+    try:
+        x = randn(rng, 8, P.KD)
+        np.testing.assert_allclose(drt(x, w), x.astype(np.float64) @ w, rtol=1e-4, atol=1e-4)
+    finally:
+        drt.close()
+
+
+def test_async_dispatch_over_ray_is_unchanged(dp, weights):
+    w1, w2 = weights
+    rng = np.random.default_rng(5)
+    xs = [randn(rng, B, P.D) for _ in range(8)]
+
+    async def main():
+        async with AsyncRuntime(dp) as art:
+            futs = [await art.dispatch(x, w1, w2) for x in xs]
+            return [await f for f in futs]
+
+    for x, y in zip(xs, anyio.run(main)):
+        np.testing.assert_allclose(y, mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+
+
+def test_tracing_has_one_lane_per_worker(dp, weights):
+    w1, w2 = weights
+    dp.set_tracing(True)
+    try:
+        dp(randn(np.random.default_rng(6), B, P.D), w1, w2)
+        _spans, events = dp.drain_trace()
+    finally:
+        dp.set_tracing(False)
+    assert sorted(e[2] for e in events) == [0, 1]
+    now = time.monotonic_ns()
+    assert all(0 < e[3] <= e[4] <= now for e in events)  # on the driver's clock
+
+
+def test_a_kernel_error_names_the_worker_and_leaves_the_runtime_usable(cluster):
+    drt = _ray(P.fails_on_worker, bounds={"B": 4})
+    try:
+        with pytest.raises(engine.KernelError, match="on chip worker 1"):
+            drt(np.ones((4, P.D), np.float32))
+        assert not drt.broken and drt.health() == [True, True]
+        with pytest.raises(engine.KernelError):
+            drt(np.ones((4, P.D), np.float32))
+    finally:
+        drt.close()
+
+
+def test_a_killed_worker_fails_the_runs_in_flight_and_close_leaves_nothing(cluster):
+    drt = _ray(P.slow, depth=2)
+    try:
+        h1 = drt.submit(np.zeros(2, np.float32), 2_000_000_000)  # 2 s on each worker
+        h2 = drt.submit(np.zeros(2, np.float32), 2_000_000_000)
+        time.sleep(0.2)
+        os.kill(drt.pids[1], signal.SIGKILL)  # the actor's process (the cluster runs on this machine)
+        t0 = time.monotonic()
+        for h in (h1, h2):
+            with pytest.raises(dist.WorkerDiedError, match="chip worker 1") as info:
+                h.result(timeout=DETECT)
+            assert info.value.worker == 1
+        assert time.monotonic() - t0 < DETECT
+        assert drt.broken and drt.health()[1] is False
+        with pytest.raises(dist.WorkerDiedError):
+            drt.submit(np.zeros(2, np.float32), 1)
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
+def test_startup_without_the_resources_times_out_and_cleans_up(cluster):
+    t0 = time.monotonic()
+    with pytest.raises(TimeoutError, match="could not place 2 chip workers"):
+        _ray(P.dp_mlp, bounds={"B": 4}, startup_timeout=2.0,
+             transport=dist.RayTransport(worker_options={"resources": {"tpu_pod": 1}}))
+    assert time.monotonic() - t0 < 15
+    mine = [pg for pg in ray.util.placement_group_table().values() if pg["bundles"][0].get("tpu_pod")]
+    assert len(mine) == 1 and mine[0]["state"] == "REMOVED"
+    _wait_for_no_bundles(mine[0]["placement_group_id"])
+
+
+def test_an_unreachable_address_fails_fast_with_a_clear_error():
+    code = ("import time, engine.distributed as dist\n"
+            "from tests.distributed import programs as P\n"
+            "t = time.monotonic()\n"
+            "try:\n"
+            "    P.dp_mlp.prepare(workers=2, bounds={'B': 4}, startup_timeout=5,\n"
+            "                     transport=dist.RayTransport(address='127.0.0.1:9'))\n"
+            "except ConnectionError as e:\n"
+            "    print('ConnectionError', round(time.monotonic() - t), e)\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+    assert out.stdout.startswith("ConnectionError"), out.stderr[-2000:]
+    assert "no Ray cluster answers at 127.0.0.1:9" in out.stdout
+    assert int(out.stdout.split()[1]) < 15
+
+
+def test_bad_options_are_refused_before_anything_starts():
+    with pytest.raises(ValueError, match="placement must be 'spread' or 'pack'"):
+        dist.RayTransport(placement="scatter")
+    with pytest.raises(ValueError, match="channel must be"):
+        dist.RayTransport(channel="grpc")
+    with pytest.raises(TypeError, match="worker_options"):
+        dist.RayTransport(worker_options=["num_cpus"])
+    with pytest.raises(ValueError, match="worker_options has 1 entries for 2 workers"):
+        _ray(P.dp_mlp, bounds={"B": 4}, transport=dist.RayTransport(worker_options=[{}]))
+
+
+def test_a_transport_serves_one_runtime(cluster):
+    transport = dist.RayTransport()
+    drt = _ray(P.dp_mlp, bounds={"B": 4}, transport=transport)
+    drt.close()
+    with pytest.raises(RuntimeError, match="serves one runtime"):
+        _ray(P.dp_mlp, bounds={"B": 4}, transport=transport)
+
+
+# -- slow: run with --run-slow -------------------------------------------------------------------------
+@pytest.mark.slow
+def test_pack_places_both_workers_on_one_node(cluster, weights):
+    # half a CPU each: the module's runtime holds a CPU of each node, and both must fit on one node
+    drt = _ray(P.dp_mlp, bounds={"B": 4}, transport=dist.RayTransport(placement="pack",
+                                                                     worker_options={"num_cpus": 0.5}))
+    try:
+        assert len(set(drt._transport.node_ids)) == 1
+        x = randn(np.random.default_rng(7), 4, P.D)
+        np.testing.assert_allclose(drt(x, *weights), mlp_reference(x, *weights), rtol=1e-4, atol=1e-5)
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
+@pytest.mark.slow
+def test_per_worker_options_and_the_plain_actor_channel(cluster, weights):
+    _c, second, _baseline = cluster
+    opts = [{}, {"resources": {"second": 1}}]  # worker 1 must land on the second node
+    drt = _ray(P.dp_mlp, bounds={"B": B}, transport=dist.RayTransport(worker_options=opts, channel="actor"))
+    try:
+        assert drt._transport.node_ids[1] == second.node_id
+        x = randn(np.random.default_rng(8), B, P.D)
+        np.testing.assert_allclose(drt(x, *weights), mlp_reference(x, *weights), rtol=1e-4, atol=1e-5)
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
+@pytest.mark.slow
+def test_a_removed_node_fails_the_runs_that_need_it(cluster):
+    c, _second, _baseline = cluster
+    doomed = c.add_node(num_cpus=1, resources={"doomed": 1})
+    c.wait_for_nodes()
+    drt = _ray(P.slow, depth=2, transport=dist.RayTransport(worker_options=[{}, {"resources": {"doomed": 1}}]))
+    try:
+        assert drt._transport.node_ids[1] == doomed.node_id
+        h = drt.submit(np.zeros(2, np.float32), 5_000_000_000)
+        time.sleep(0.2)
+        t0 = time.monotonic()
+        c.remove_node(doomed)
+        with pytest.raises(dist.WorkerDiedError, match="chip worker 1"):
+            h.result(timeout=NODE_DETECT)
+        assert time.monotonic() - t0 < NODE_DETECT
+        assert drt.broken
+    finally:
+        drt.close()
