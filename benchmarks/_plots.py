@@ -246,7 +246,9 @@ def decode(data: dict[str, Any], out: Path) -> list[Path]:
 def distributed(data: dict[str, Any], out: Path) -> list[Path]:
     f = data["figures"]
     plt = _plt()
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4.5))
+    ray = f.get("ray")
+    fig, axes = plt.subplots(1, 3 if ray else 2, figsize=(15 if ray else 10, 4.5))
+    a1, a2 = axes[0], axes[1]
     o = f["overhead"]
     a1.bar(["bare shm + pipe", "drt(x)", "await art.call"], [o["bare_us"], o["sync_us"], o["async_us"]],
            color=["black", TANDEM, "#aec7e8"])
@@ -262,6 +264,13 @@ def distributed(data: dict[str, Any], out: Path) -> list[Path]:
     a2.set_ylabel("runs per second (median)")
     a2.set_title(f"Data-parallel MLP on {p['workers']} chip workers")
     a2.legend(fontsize=8, loc="lower right")
+    if ray:
+        r, sc = ray["overhead"], ray["scaling"]
+        a3 = axes[2]
+        a3.bar(["Compiled Graph\nstep", "RayTransport\ndrt(x)", "RayTransport\nawait"],
+               [r["cgraph_us"], r["sync_us"], r["async_us"]], color=["black", TANDEM, "#aec7e8"])
+        a3.set_ylabel("us per run (median)")
+        a3.set_title(f"Ray ({ray['channel']}): two nodes {sc['two_over_one']['median']:.2f}x one node")
     return [_save(fig, data, out / "distributed.png")]
 
 

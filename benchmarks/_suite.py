@@ -291,6 +291,8 @@ def run(names: list[str], *, quick: bool, out_dir: Path, plots: bool = True, ray
             continue
         print(f"{desc}: {SPECS[name].what}")
         extra = ["--no-ray"] if name == "overlap" and not ray else []
+        if name == "distributed" and ray and importlib.util.find_spec("ray") is not None:
+            extra = ["--ray"]  # RayTransport in a local two-node cluster beside the process transport
         load_before = os.getloadavg()
         rc, seconds, tail = run_script(name, quick, out_dir, extra, desc)
         entry.update(seconds=round(seconds, 2), load_average={"before": load_before, "after": os.getloadavg()},

@@ -15,8 +15,16 @@
    orchestration, seal) and T_worker (first task start to last task end)
    measured per run at depth 1. On a 2-core machine the 2 workers and the
    host share the cores, so the overlap has little idle CPU to use.
+3. With --ray: the same on Ray, in a local two-node cluster
+   (ray.cluster_utils.Cluster; one pool thread per worker). Per-run overhead of the
+   one-copy program through RayTransport (sync and awaited) against a bare
+   Ray Compiled Graph doing the same single-actor step (an actor running
+   the same copy program on its own engine), interleaved rep by rep; and
+   data-parallel scaling: the MLP at --ray-batch rows streamed at depth 3 on
+   one worker on one node against two workers on two nodes.
 
-    python benchmarks/distributed.py [--quick] [--runs N] [--reps N] [--batch B] [--workers N] [--json PATH]
+    python benchmarks/distributed.py [--quick] [--runs N] [--reps N] [--batch B] [--workers N] [--ray]
+                                     [--ray-batch B] [--json PATH]
 """
 
 from __future__ import annotations
@@ -218,6 +226,138 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
     return rows, figures
 
 
+# -- Ray: the transport against a bare Compiled Graph, and scaling over nodes ------------------------------
+class CopyStep:
+    """The bare Compiled Graph peer: an actor that runs the same copy program on its own engine."""
+
+    def __init__(self) -> None:
+        self.rt = copy16.prepare(workers=1, depth=1)
+
+    def step(self, x: np.ndarray) -> np.ndarray:
+        return self.rt(x)
+
+
+def ray_overhead(runs: int, reps: int, channel: str) -> tuple[list[list], dict]:
+    import ray
+    from ray.dag import InputNode
+
+    x = np.arange(N, dtype=np.float32)
+    y = np.zeros(N, np.float32)
+    actor = ray.remote(num_cpus=1)(CopyStep).remote()
+    with InputNode() as inp:
+        dag = actor.step.bind(inp)
+    cgraph = dag.experimental_compile()
+    drt = one_copy.prepare(workers=1, worker_threads=1, depth=2, transport=dist.RayTransport(channel=channel))
+    try:
+        np.testing.assert_array_equal(drt(x), x)
+        np.testing.assert_array_equal(cgraph.execute(x).get(), x)
+
+        async def async_per_run() -> float:
+            async with AsyncRuntime(drt) as art:
+                for _ in range(runs // 10):
+                    await art.call(x, y)
+                t0 = time.perf_counter()
+                for _ in range(runs):
+                    await art.call(x, y)
+                return (time.perf_counter() - t0) / runs
+
+        samples: dict[str, list[float]] = {"cgraph": [], "sync": [], "async": []}
+
+        def one_rep() -> float:
+            samples["cgraph"].append(per_run_seconds(lambda i: cgraph.execute(x).get(), runs))
+            samples["sync"].append(per_run_seconds(lambda i: drt(x, y), runs))
+            samples["async"].append(anyio.run(async_per_run))
+            return samples["sync"][-1] / samples["cgraph"][-1]
+
+        sync_ratio = repeat(one_rep, reps)
+        async_ratio = float(np.median([a / b for a, b in zip(samples["async"], samples["cgraph"])][-reps:]))
+    finally:
+        drt.close()
+        cgraph.teardown()
+        ray.kill(actor)
+    med = {k: float(np.median(v[-reps:])) for k, v in samples.items()}
+    rows = [
+        ["bare Compiled Graph step (same copy program)", med["cgraph"] * 1e6, 1.0],
+        ["RayTransport drt(x) (sync)", med["sync"] * 1e6, sync_ratio["median"]],
+        ["RayTransport await art.call(x)", med["async"] * 1e6, async_ratio],
+    ]
+    figures = {"runs": runs, "reps": reps, "cgraph_us": med["cgraph"] * 1e6, "sync_us": med["sync"] * 1e6,
+               "async_us": med["async"] * 1e6, "sync_over_cgraph": sync_ratio, "async_over_cgraph": async_ratio}
+    return rows, figures
+
+
+def ray_scaling(runs: int, reps: int, batch: int, channel: str) -> tuple[list[list], dict]:
+    """Data-parallel MLP at depth 3: one worker on one node against two workers on two nodes."""
+    rng = np.random.default_rng(0)
+    w1 = (rng.standard_normal((D, H)) * 0.05).astype(np.float32)
+    w2 = (rng.standard_normal((H, D)) * 0.05).astype(np.float32)
+    xs = [rng.standard_normal((batch, D)).astype(np.float32) for _ in range(4)]
+    outs = [np.empty((batch, D), np.float32) for _ in range(3)]
+    runtimes = {}
+    try:
+        for workers in (1, 2):
+            drt = dp_mlp.prepare(workers=workers, worker_threads=1, depth=3, bounds={"B": batch},
+                                 transport=dist.RayTransport(placement="spread", channel=channel))
+            runtimes[workers] = (drt, [drt.alloc_tensor((D, H), init=w1, worker_id=i) for i in range(workers)],
+                                 [drt.alloc_tensor((H, D), init=w2, worker_id=i) for i in range(workers)])
+        nodes = {w: len(set(rt[0]._transport.node_ids)) for w, rt in runtimes.items()}
+
+        async def stream(workers: int) -> float:
+            drt, w1s, w2s = runtimes[workers]
+            items = [(xs[i % len(xs)], w1s, w2s, outs[i % 3]) for i in range(runs)]
+            async with AsyncRuntime(drt) as art:
+                t0 = time.perf_counter()
+                async for _ in art.stream(items, depth=3):
+                    pass
+                return runs / (time.perf_counter() - t0)
+
+        rates: dict[int, list[float]] = {1: [], 2: []}
+
+        def one_rep() -> float:
+            for workers in (1, 2):
+                rates[workers].append(anyio.run(stream, workers))
+            return rates[2][-1] / rates[1][-1]
+
+        speedup = repeat(one_rep, reps)
+    finally:
+        for drt, _, _ in runtimes.values():
+            drt.close()
+    med = {w: float(np.median(r[-reps:])) for w, r in rates.items()}
+    rows = [[f"{w} worker(s) on {nodes[w]} node(s)", med[w], med[w] / med[1]] for w in (1, 2)]
+    figures = {"batch": batch, "width": D, "hidden": H, "runs": runs, "reps": reps, "depth": 3,
+               "one_node_runs_per_s": med[1], "two_nodes_runs_per_s": med[2], "nodes": nodes,
+               "two_over_one": speedup}
+    return rows, figures
+
+
+def ray_section(runs: int, reps: int, batch: int, channel: str) -> dict:
+    import ray
+    from ray.cluster_utils import Cluster
+
+    if ray.is_initialized():
+        ray.shutdown()
+    # Two logical CPUs per node: the scaling test keeps a one-worker and a two-worker runtime alive at once
+    # (interleaved reps); every worker runs one pool thread, so the two physical cores are what they share.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 2})
+    cluster.add_node(num_cpus=2)
+    cluster.wait_for_nodes()
+    ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
+    try:
+        rows, over = ray_overhead(runs, reps, channel)
+        print(f"Ray ({channel} channel): per-run overhead, 1 chip worker, {runs} runs x {reps} reps (medians; "
+              "ratios per rep, interleaved):")
+        print_table(["path", "us per run", "over Compiled Graph"], rows)
+        print()
+        srows, scaling = ray_scaling(max(20, runs // 5), reps, batch, channel)
+        print(f"Ray: data-parallel MLP B={batch} ({D}->{H}->{D}), 1 thread per worker, AsyncRuntime.stream depth 3:")
+        print_table(["workers", "runs/s", "over one node"], srows)
+        print()
+    finally:
+        ray.shutdown()
+        cluster.shutdown()
+    return {"channel": channel, "overhead": over, "scaling": scaling}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer runs and repetitions")
@@ -225,6 +365,10 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reps", type=int, default=None, help="repetitions (medians are reported)")
     ap.add_argument("--batch", type=int, default=64, help="MLP batch in the pipelining test (split over the workers)")
     ap.add_argument("--workers", type=int, default=2, help="chip workers in the pipelining test")
+    ap.add_argument("--ray", action="store_true", help="also measure RayTransport in a local two-node Ray cluster")
+    ap.add_argument("--ray-batch", type=int, default=512, help="MLP batch of the Ray scaling test")
+    ap.add_argument("--ray-channel", choices=("compiled", "actor"), default="compiled",
+                    help="RayTransport's channel: a Compiled Graph per worker, or plain actor calls")
     ap.add_argument("--json", default=None, help="where to write the JSON figures")
     args = ap.parse_args(argv)
     # Short batches and many repetitions: on a shared machine the load changes by the second, and a
@@ -242,9 +386,13 @@ def main(argv: list[str] | None = None) -> dict:
     print(f"Data-parallel MLP B={args.batch} ({D}->{H}->{D}) on {args.workers} chip worker(s) x 1 thread, "
           f"AsyncRuntime.stream; bound 1/max(T_host, T_worker) at depth 1 = {pipe['bound_runs_per_s']:.0f} runs/s:")
     print_table(["depth", "runs/s", "over depth 1", "of bound", "host ms p50", "worker ms p50"], prow)
+    print()
+    figures: dict = {"overhead": over, "pipelining": pipe}
+    if args.ray:
+        figures["ray"] = ray_section(runs, reps, args.ray_batch, args.ray_channel)
     load = {"before": load_before, "after": os.getloadavg()}  # 1/5/15-minute load averages: a shared machine
     print(f"load average before {load_before[0]:.2f}, after {load['after'][0]:.2f} ({os.cpu_count()} cores)")
-    figures = {"overhead": over, "pipelining": pipe, "load_average": load}
+    figures["load_average"] = load
     out = write_json("distributed", figures, args.json)
     print(f"wrote {out}")
     return figures

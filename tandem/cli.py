@@ -116,7 +116,9 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"folder for JSON, logs and plots (default: benchmarks/results in a checkout, "
                         f"./{bench_command.SHIPPED_DEFAULT_OUT} with an installed package)")
     b.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    b.add_argument("--no-ray", action="store_true", help="skip the Ray Compiled Graph peer even if ray is installed")
+    b.add_argument("--no-ray", action="store_true",
+                   help="skip the Ray peers (overlap's Compiled Graph, distributed's RayTransport) even if ray is "
+                        "installed")
     b.add_argument("--trace", action="store_true",
                    help="also write a Chrome trace and PNG timeline of `tandem trace overlap` into the folder")
 

@@ -57,6 +57,7 @@ __all__ = ["RayTransport"]
 
 _PLACEMENTS = {"spread": "SPREAD", "pack": "PACK"}
 _CHANNEL_BYTES = 64 << 10  # a compiled graph channel's first buffer
+_UNDER_WAY = 2  # batches under way per worker (a compiled graph's in-flight executions)
 
 
 class _HostRegion(Region):
@@ -201,7 +202,8 @@ class RayTransport(Transport):
             opts = {"num_cpus": 1, **options[i], "max_restarts": 0}
             self._actors.append(actor_class.options(**opts).remote())
         path = list(sys.path) if os.getcwd() in sys.path else [os.getcwd(), *sys.path]
-        setup_refs = [a.setup.remote(s, path) for a, s in zip(self._actors, setups)]
+        main_path = getattr(sys.modules.get("__main__"), "__file__", None)
+        setup_refs = [a.setup.remote(s, path, main_path) for a, s in zip(self._actors, setups)]
         readies = [self._await_ready(i, ref, deadline, timeout) for i, ref in enumerate(setup_refs)]
         for i, actor in enumerate(self._actors):  # the workers' clocks onto the driver's (nodes differ)
             t0 = time.monotonic_ns()
@@ -215,9 +217,8 @@ class RayTransport(Transport):
             if self.channel == "compiled":
                 with InputNode() as inp:
                     dag = actor.step.bind(inp)
-                # One execution in flight per worker (the pump waits for each); Ray 2.60 hangs on the first execution
-                # with a limit of 1, so 2. A channel grows by itself when a batch is larger.
-                self._dags.append(dag.experimental_compile(_max_inflight_executions=2,
+                # A channel grows by itself when a batch is larger than its first buffer.
+                self._dags.append(dag.experimental_compile(_max_inflight_executions=_UNDER_WAY,
                                                            _buffer_size_bytes=_CHANNEL_BYTES))
             else:
                 self._dags.append(None)
@@ -262,23 +263,26 @@ class RayTransport(Transport):
         One thread drives every worker's compiled graph: Ray's compiled graphs hang when two threads of
         one driver execute them concurrently (Ray 2.60), and executions never block, so every worker
         with messages has its batch under way before the pump waits for the oldest one's replies.
-        Messages queued meanwhile go out as the next batch once the worker's current one is back.
+        A worker has up to two batches under way, so that it starts the next as soon as it has
+        replied to one (a batch's Calls never depend on one under way: on this transport the
+        dispatcher releases a Call only once what it depends on is back); messages queued meanwhile
+        go out together as the batch after.
         """
         import ray
 
         compiled = self.channel == "compiled"
         under_way: deque[_Execution] = deque()
-        busy = [False] * self.workers
+        busy = [0] * self.workers  # executions under way per worker
         while True:
             with self._wake:
                 if not under_way:
                     self._wake.wait_for(lambda: self._stop_asked or any(
-                        box and not busy[w] for w, box in enumerate(self._outboxes)))
+                        box and busy[w] < _UNDER_WAY for w, box in enumerate(self._outboxes)))
                 if self._stop_asked and not under_way:
                     return
                 taken = []
                 for w, box in enumerate(self._outboxes):
-                    if box and not busy[w]:
+                    if box and busy[w] < _UNDER_WAY:
                         taken.append((w, list(box)))
                         box.clear()
             for w, msgs in taken:
@@ -291,7 +295,7 @@ class RayTransport(Transport):
                     self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
                     continue
                 under_way.append(_Execution(w, ref, calls, sent_bytes, sent_views))
-                busy[w] = True
+                busy[w] += 1
             if not under_way:
                 continue
             if compiled:  # a compiled graph's results are read in execution order
@@ -300,7 +304,7 @@ class RayTransport(Transport):
                 ready, _ = ray.wait([e.ref for e in under_way], num_returns=1)
                 ex = next(e for e in under_way if e.ref == ready[0])
                 under_way.remove(ex)
-            busy[ex.worker] = False
+            busy[ex.worker] -= 1
             self._take_replies(ex, compiled, on_message)
 
     def _pack(self, msgs: list[Any]) -> tuple["Batch", dict[int, Call], int, int]:

@@ -16,6 +16,7 @@ while no batch is under way.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import select
 import sys
@@ -43,12 +44,21 @@ class ChipActor:
         self._host: ChipHost | None = None
         self._never = threading.Event()
 
-    def setup(self, setup: Setup, sys_path: list[str]) -> Ready | SetupFailed:
-        """Prepares the worker; the driver's import path first, as a spawned worker process gets it."""
+    def setup(self, setup: Setup, sys_path: list[str], main_path: str | None) -> Ready | SetupFailed:
+        """Prepares the worker; the driver's import path first, as a spawned worker process gets it.
+
+        Programs the driver defined in its main script (module __main__) are
+        imported from that file under another name, as multiprocessing's
+        spawn does: this process's own __main__ is Ray's.
+        """
         for p in reversed(sys_path):
             if p and p not in sys.path and os.path.isdir(p):
                 sys.path.insert(0, p)
         try:
+            if any(p.module == "__main__" for p in setup.programs):
+                setup = setup._replace(programs=tuple(
+                    p._replace(module=_import_main(main_path)) if p.module == "__main__" else p
+                    for p in setup.programs))
             self._host = ChipHost(setup, local_regions=True)
             return Ready(os.getpid(), self._host.workers, self._host.clock_offset_ns)
         except BaseException as e:
@@ -102,3 +112,25 @@ class ChipActor:
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
         self._never.wait()
+
+
+_MAIN_ALIAS = "__tandem_driver_main__"
+
+
+def _import_main(path: str | None) -> str:
+    """Imports the driver's main script (its `if __name__ == "__main__":` block does not run); its module name."""
+    if _MAIN_ALIAS in sys.modules:
+        return _MAIN_ALIAS
+    if not path or not os.path.isfile(path):
+        raise ImportError(f"a sub-program is defined in the driver's main script ({path or 'no file'}), which this "
+                          "node cannot import; define sub-programs in a module installed on every node")
+    spec = importlib.util.spec_from_file_location(_MAIN_ALIAS, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[_MAIN_ALIAS] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[_MAIN_ALIAS]
+        raise
+    return _MAIN_ALIAS

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "distributed.py"
 
 
@@ -32,3 +34,21 @@ def test_quick_benchmark(tmp_path):
         assert _positive(d["runs_per_s"]) and _positive(d["speedup_over_depth1"]) and _positive(d["fraction_of_bound"])
         assert _positive(d["host_ms_p50"]) and _positive(d["device_ms_p50"])
     assert "over bare" in proc.stdout and "over depth 1" in proc.stdout
+
+
+@pytest.mark.slow
+def test_quick_benchmark_with_ray(tmp_path):
+    pytest.importorskip("ray")
+    out = tmp_path / "distributed.json"
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--runs", "40", "--reps", "1", "--ray",
+                           "--ray-batch", "64", "--json", str(out)], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    ray_figures = json.loads(out.read_text())["figures"]["ray"]
+    assert ray_figures["channel"] == "compiled"
+    over = ray_figures["overhead"]
+    for key in ("cgraph_us", "sync_us", "async_us", "async_over_cgraph"):
+        assert _positive(over[key]), key
+    scaling = ray_figures["scaling"]
+    assert scaling["nodes"] == {"1": 1, "2": 2}
+    assert _positive(scaling["one_node_runs_per_s"]) and _positive(scaling["two_nodes_runs_per_s"])
+    assert "over Compiled Graph" in proc.stdout and "over one node" in proc.stdout
