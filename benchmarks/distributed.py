@@ -37,6 +37,7 @@ import sys
 import time
 from multiprocessing.shared_memory import SharedMemory
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -131,46 +132,52 @@ def per_run_seconds(fn, runs: int) -> float:
     return (time.perf_counter() - t0) / runs
 
 
-def overhead(runs: int, reps: int) -> tuple[list[list], dict]:
+def overhead_against(drt: dist.DistributedRuntime, baseline: Any, label: str, key: str, runs: int, reps: int,
+                     prefix: str = "") -> tuple[list[list], dict]:
+    """Per-run cost of the one-copy program on `drt` (sync and awaited) against `baseline(i)` doing the same
+    copy, interleaved rep by rep; figures named <key>_us, sync_over_<key>, async_over_<key>."""
     x = np.arange(N, dtype=np.float32)
     y = np.zeros(N, np.float32)
+    np.testing.assert_array_equal(drt(x), x)
+
+    async def async_per_run() -> float:
+        async with AsyncRuntime(drt) as art:
+            for _ in range(runs // 10):
+                await art.call(x, y)
+            t0 = time.perf_counter()
+            for _ in range(runs):
+                await art.call(x, y)
+            return (time.perf_counter() - t0) / runs
+
+    samples: dict[str, list[float]] = {key: [], "sync": [], "async": []}
+
+    def one_rep() -> float:  # interleaved: the three see the same machine state
+        samples[key].append(per_run_seconds(lambda i: baseline(x, y, i), runs))
+        samples["sync"].append(per_run_seconds(lambda i: drt(x, y), runs))
+        samples["async"].append(anyio.run(async_per_run))
+        return samples["sync"][-1] / samples[key][-1]
+
+    sync_ratio = repeat(one_rep, reps)
+    async_ratio = float(np.median([a / b for a, b in zip(samples["async"], samples[key])][-reps:]))
+    med = {k: float(np.median(v[-reps:])) for k, v in samples.items()}
+    rows = [
+        [label, med[key] * 1e6, 1.0],
+        [f"{prefix}drt(x) (sync)", med["sync"] * 1e6, sync_ratio["median"]],
+        [f"{prefix}await art.call(x)", med["async"] * 1e6, async_ratio],
+    ]
+    figures = {"runs": runs, "reps": reps, f"{key}_us": med[key] * 1e6, "sync_us": med["sync"] * 1e6,
+               "async_us": med["async"] * 1e6, f"sync_over_{key}": sync_ratio, f"async_over_{key}": async_ratio}
+    return rows, figures
+
+
+def overhead(runs: int, reps: int) -> tuple[list[list], dict]:
     bare = BareRoundTrip()
     drt = one_copy.prepare(workers=1, worker_threads=1, depth=2)
     try:
-        np.testing.assert_array_equal(drt(x), x)
-
-        async def async_per_run() -> float:
-            async with AsyncRuntime(drt) as art:
-                for _ in range(runs // 10):
-                    await art.call(x, y)
-                t0 = time.perf_counter()
-                for _ in range(runs):
-                    await art.call(x, y)
-                return (time.perf_counter() - t0) / runs
-
-        samples: dict[str, list[float]] = {"bare": [], "sync": [], "async": []}
-
-        def one_rep() -> float:  # interleaved: the three see the same machine state
-            samples["bare"].append(per_run_seconds(lambda i: bare(x, y, i), runs))
-            samples["sync"].append(per_run_seconds(lambda i: drt(x, y), runs))
-            samples["async"].append(anyio.run(async_per_run))
-            return samples["sync"][-1] / samples["bare"][-1]
-
-        sync_ratio = repeat(one_rep, reps)
-        async_ratios = [a / b for a, b in zip(samples["async"], samples["bare"])][-reps:]
+        return overhead_against(drt, bare, "bare shm + pipe round trip", "bare", runs, reps)
     finally:
         drt.close()
         bare.close()
-    med = {k: float(np.median(v[-reps:])) for k, v in samples.items()}
-    async_ratio = float(np.median(async_ratios))
-    rows = [
-        ["bare shm + pipe round trip", med["bare"] * 1e6, 1.0],
-        ["drt(x) (sync)", med["sync"] * 1e6, sync_ratio["median"]],
-        ["await art.call(x)", med["async"] * 1e6, async_ratio],
-    ]
-    figures = {"runs": runs, "reps": reps, "bare_us": med["bare"] * 1e6, "sync_us": med["sync"] * 1e6,
-               "async_us": med["async"] * 1e6, "sync_over_bare": sync_ratio, "async_over_bare": async_ratio}
-    return rows, figures
 
 
 def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[list], dict]:
@@ -241,49 +248,19 @@ def ray_overhead(runs: int, reps: int, channel: str) -> tuple[list[list], dict]:
     import ray
     from ray.dag import InputNode
 
-    x = np.arange(N, dtype=np.float32)
-    y = np.zeros(N, np.float32)
     actor = ray.remote(num_cpus=1)(CopyStep).remote()
     with InputNode() as inp:
         dag = actor.step.bind(inp)
     cgraph = dag.experimental_compile()
     drt = one_copy.prepare(workers=1, worker_threads=1, depth=2, transport=dist.RayTransport(channel=channel))
     try:
-        np.testing.assert_array_equal(drt(x), x)
-        np.testing.assert_array_equal(cgraph.execute(x).get(), x)
-
-        async def async_per_run() -> float:
-            async with AsyncRuntime(drt) as art:
-                for _ in range(runs // 10):
-                    await art.call(x, y)
-                t0 = time.perf_counter()
-                for _ in range(runs):
-                    await art.call(x, y)
-                return (time.perf_counter() - t0) / runs
-
-        samples: dict[str, list[float]] = {"cgraph": [], "sync": [], "async": []}
-
-        def one_rep() -> float:
-            samples["cgraph"].append(per_run_seconds(lambda i: cgraph.execute(x).get(), runs))
-            samples["sync"].append(per_run_seconds(lambda i: drt(x, y), runs))
-            samples["async"].append(anyio.run(async_per_run))
-            return samples["sync"][-1] / samples["cgraph"][-1]
-
-        sync_ratio = repeat(one_rep, reps)
-        async_ratio = float(np.median([a / b for a, b in zip(samples["async"], samples["cgraph"])][-reps:]))
+        np.testing.assert_array_equal(cgraph.execute(np.ones(N, np.float32)).get(), np.ones(N, np.float32))
+        return overhead_against(drt, lambda x, y, i: cgraph.execute(x).get(),
+                                "bare Compiled Graph step (same copy program)", "cgraph", runs, reps, "RayTransport ")
     finally:
         drt.close()
         cgraph.teardown()
         ray.kill(actor)
-    med = {k: float(np.median(v[-reps:])) for k, v in samples.items()}
-    rows = [
-        ["bare Compiled Graph step (same copy program)", med["cgraph"] * 1e6, 1.0],
-        ["RayTransport drt(x) (sync)", med["sync"] * 1e6, sync_ratio["median"]],
-        ["RayTransport await art.call(x)", med["async"] * 1e6, async_ratio],
-    ]
-    figures = {"runs": runs, "reps": reps, "cgraph_us": med["cgraph"] * 1e6, "sync_us": med["sync"] * 1e6,
-               "async_us": med["async"] * 1e6, "sync_over_cgraph": sync_ratio, "async_over_cgraph": async_ratio}
-    return rows, figures
 
 
 def ray_scaling(runs: int, reps: int, batch: int, channel: str) -> tuple[list[list], dict]:
