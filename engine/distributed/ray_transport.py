@@ -421,10 +421,10 @@ class RayTransport(Transport):
         pump = self._pump
         if pump is not None:  # a pump still waiting on an execution (a kernel that does not return) ends with the kill
             pump.join(_left(deadline))
-            if not pump.is_alive():
-                for dag in self._dags:
-                    if dag is not None:
-                        _quietly(dag.teardown)
+        if pump is None or not pump.is_alive():
+            for dag in self._dags:
+                if dag is not None:
+                    _quietly(dag.teardown)
         for actor in self._actors:
             _quietly(ray.kill, actor, no_restart=True)
         if self._watches:  # dead once Ray says so: then no actor is left behind

@@ -239,6 +239,19 @@ def test_startup_without_the_resources_times_out_and_cleans_up(cluster):
     _wait_for_no_bundles(mine[0]["placement_group_id"])
 
 
+def test_a_worker_setup_error_is_reraised_and_nothing_is_left(cluster):
+    from tests.distributed import refuses_ray_worker
+
+    transport = dist.RayTransport()
+    with pytest.raises(RuntimeError, match="refuses to load in a Ray chip worker"):
+        _ray(refuses_ray_worker.uses_fill, transport=transport)
+    for actor in transport.actors:
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(actor.node_id.remote(), timeout=DETECT)
+    assert ray.util.placement_group_table(transport.placement_group)["state"] == "REMOVED"
+    _wait_for_no_bundles(transport.placement_group.id.hex())
+
+
 def test_an_unreachable_address_fails_fast_with_a_clear_error():
     code = ("import time, engine.distributed as dist\n"
             "from tests.distributed import programs as P\n"
