@@ -344,8 +344,8 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--workers", type=int, default=2, help="chip workers in the pipelining test")
     ap.add_argument("--ray", action="store_true", help="also measure RayTransport in a local two-node Ray cluster")
     ap.add_argument("--ray-batch", type=int, default=512, help="MLP batch of the Ray scaling test")
-    ap.add_argument("--ray-channel", choices=("compiled", "actor"), default="compiled",
-                    help="RayTransport's channel: a Compiled Graph per worker, or plain actor calls")
+    ap.add_argument("--ray-channel", choices=("actor", "compiled"), default="actor",
+                    help="RayTransport's channel: plain actor calls (its default) or a Compiled Graph per worker")
     ap.add_argument("--json", default=None, help="where to write the JSON figures")
     args = ap.parse_args(argv)
     # Short batches and many repetitions: on a shared machine the load changes by the second, and a

@@ -15,12 +15,21 @@ copy is the reference. A Call carries the compact bytes of the region views
 it reads, its Done brings back the views it wrote, which the host writes
 into its region before handing the Done on. Resident tensors stay on their
 worker and never cross; a run whose arguments are all resident moves no
-tensor bytes (transfer_stats() counts what moved). Messages go through one
-Ray Compiled Graph per worker (a single-actor graph, executed from one pump
-thread per worker): measured on a 2-core VM, an execution round trip costs
-about 0.27 ms against 1.2 ms for a plain actor call (benchmarks/distributed.py).
-A worker runs a batch of messages per execution and replies once every Call
-of it has completed; messages queued meanwhile form the next batch.
+tensor bytes (transfer_stats() counts what moved). A worker runs a batch of
+messages per call and replies once every Call of it has completed; messages
+queued meanwhile form the next batch; one pump thread serves every worker.
+
+Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60):
+"actor" (the default) makes each batch a plain actor call: 1.6 ms for a
+small round trip, 5.2 ms with 256 KB each way. "compiled" sends batches
+through one Ray Compiled Graph per worker: 0.3-0.9 ms per round trip and
+1.7-2.6x the streaming throughput of "actor" at 256 KB per run, but its channels
+busy-poll (an idle worker actor and a waiting driver each burn a core), Ray
+keeps their buffers in the object store after teardown, and when a worker
+died, Ray 2.60 once aborted the driver process (a failed check in its
+mutable-object reader registration, in one of four runs of the killed-worker
+test). A worker death must never take the caller's process with it, so the
+default is "actor".
 
 Faults. A worker whose actor or node dies fails the runs that need it with
 WorkerDiedError (through on_exit): a dead actor is seen within about a
@@ -95,14 +104,17 @@ class RayTransport(Transport):
     "pack". worker_options: Ray actor options for every worker (a dict) or
     per worker (a sequence of dicts, one per worker); a worker given its own
     scheduling_strategy is placed by it rather than by the placement group.
-    A transport serves one runtime.
+    channel: "actor" (plain actor calls, the default) or "compiled" (a Ray
+    Compiled Graph per worker: faster, but see the module docstring for its
+    costs and Ray's failure on a worker's death). A transport serves one
+    runtime.
     """
 
     shares_memory = False
 
     def __init__(self, address: str | None = None, *, placement: str = "spread",
                  worker_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                 channel: str = "compiled") -> None:
+                 channel: str = "actor") -> None:
         try:
             import ray  # noqa: F401  (optional: the `ray` extra)
         except ImportError:

@@ -44,7 +44,7 @@ def test_quick_benchmark_with_ray(tmp_path):
                            "--ray-batch", "64", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ray_figures = json.loads(out.read_text())["figures"]["ray"]
-    assert ray_figures["channel"] == "compiled"
+    assert ray_figures["channel"] == "actor"
     over = ray_figures["overhead"]
     for key in ("cgraph_us", "sync_us", "async_us", "async_over_cgraph"):
         assert _positive(over[key]), key

@@ -3,8 +3,10 @@
 The cluster (ray.cluster_utils.Cluster) has two nodes, each with its own
 raylet and object store, so "spread" placement puts the two workers on
 different nodes and every byte a run moves crosses between nodes as it would
-between machines. The tests marked slow (a removed node, the plain-actor
-channel, per-worker options, "pack") run with --run-slow.
+between machines. The runtimes use the default channel (plain actor calls)
+unless a test says "compiled"; a killed worker is tested on the default only
+(Ray 2.60's compiled graphs can abort the driver then). The tests marked slow
+(a removed node, per-worker options, "pack") run with --run-slow.
 """
 
 from __future__ import annotations
@@ -195,6 +197,21 @@ def test_tracing_has_one_lane_per_worker(dp, weights):
     assert all(0 < e[3] <= e[4] <= now for e in events)  # on the driver's clock
 
 
+def test_the_compiled_graph_channel_runs_the_same_programs(cluster, weights):
+    w1, w2 = weights
+    rng = np.random.default_rng(9)
+    drt = _ray(P.dp_mlp, depth=2, bounds={"B": B}, transport=dist.RayTransport(channel="compiled"))
+    try:
+        xs = [randn(rng, b, P.D) for b in (B, 7, 1, B)]
+        handles = [drt.submit(x, w1, w2) for x in xs]  # two batches under way per worker
+        for x, h in zip(xs, handles):
+            np.testing.assert_allclose(h.result(timeout=DETECT), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+        assert drt.transfer_stats()["executions"] >= 2
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
 def test_a_kernel_error_names_the_worker_and_leaves_the_runtime_usable(cluster):
     drt = _ray(P.fails_on_worker, bounds={"B": 4})
     try:
@@ -304,10 +321,10 @@ def test_pack_places_both_workers_on_one_node(cluster, weights):
 
 
 @pytest.mark.slow
-def test_per_worker_options_and_the_plain_actor_channel(cluster, weights):
+def test_per_worker_options_with_the_compiled_channel(cluster, weights):
     _c, second, _baseline = cluster
     opts = [{}, {"resources": {"second": 1}}]  # worker 1 must land on the second node
-    drt = _ray(P.dp_mlp, bounds={"B": B}, transport=dist.RayTransport(worker_options=opts, channel="actor"))
+    drt = _ray(P.dp_mlp, bounds={"B": B}, transport=dist.RayTransport(worker_options=opts, channel="compiled"))
     try:
         assert drt._transport.node_ids[1] == second.node_id
         x = randn(np.random.default_rng(8), B, P.D)
