@@ -96,7 +96,8 @@ class DistributedProgram(ProgramBase):
         measured by a planning pass at the bounds). start_method: "spawn" or
         "forkserver" (never fork: the host has threads). transport: how
         workers are reached (default: a ProcessTransport of `workers` local
-        processes started with start_method). A failure at any
+        processes started with start_method; RayTransport(...) places them
+        on Ray actors, on one machine or across a cluster). A failure at any
         point of setup stops every process already started, removes the
         shared memory and re-raises the original error.
 
