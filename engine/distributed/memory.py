@@ -16,7 +16,7 @@ from engine import _native
 from engine.dtypes import as_dtype
 from engine.tensor import Allocation, DeviceTensor
 
-__all__ = ["SharedAllocation", "host_view", "strided_view", "descriptor_view"]
+__all__ = ["SharedAllocation", "host_view", "strided_view", "descriptor_view", "region_arguments"]
 
 # Host-side ids of shared regions (and planning stand-ins): only identity matters on the host.
 _ids = itertools.count(1)
@@ -48,6 +48,12 @@ def descriptor_view(base: np.ndarray, desc: tuple[Any, ...], writable: bool = Tr
     strides, dtype) names."""
     _, _, offset, shape, strides, dtype = desc
     return strided_view(base, offset, shape, strides, as_dtype(dtype).numpy, writable)
+
+
+def region_arguments(args: tuple[tuple[Any, ...], ...], access: tuple[int, ...], bit: int) -> list[int]:
+    """The indices of a Call's region arguments ("s" descriptors) whose access has `bit` (READ or WRITE):
+    what a transport without shared memory ships to the worker (READ) or back (WRITE)."""
+    return [k for k, (d, a) in enumerate(zip(args, access)) if a & bit and d[0] == "s"]
 
 
 def strided_view(base: np.ndarray, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],

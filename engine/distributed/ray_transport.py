@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 import numpy as np
 
 from engine.distributed.errors import WorkerDiedError
-from engine.distributed.memory import descriptor_view
+from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import READ
 from engine.distributed.protocol import Call, Ready, Setup, SetupFailed
 from engine.distributed.transport import OnExit, OnMessage, Region, Transport
@@ -137,6 +137,7 @@ class RayTransport(Transport):
         self._worker_options = worker_options
         self.workers = 0
         self._regions: list[_HostRegion] = []
+        self._bases: list[np.ndarray] = []  # the regions' bytes, by index (fixed once started)
         self._actors: list[Any] = []
         self._watches: dict[Any, int] = {}  # a watch() ref -> its worker: it resolves when the actor dies
         self._dags: list[Any] = []
@@ -150,7 +151,6 @@ class RayTransport(Transport):
         self._lock = threading.Lock()  # _gone, the counters, starting and stopping
         self._on_exit: OnExit | None = None
         self._started = False
-        self._stopping = False
         self._stopped = False
         self._stats = {"bytes_to_workers": 0, "bytes_from_workers": 0, "views_to_workers": 0,
                        "views_from_workers": 0, "executions": 0}
@@ -235,6 +235,7 @@ class RayTransport(Transport):
             else:
                 self._dags.append(None)
         self._outboxes = [deque() for _ in range(n)]
+        self._bases = [r.base for r in self._regions]
         self._pump = threading.Thread(target=self._serve, args=(on_message,), name="tandem-ray-pump", daemon=True)
         self._pump.start()
         self._watcher = threading.Thread(target=self._watch, name="tandem-ray-watcher", daemon=True)
@@ -321,7 +322,7 @@ class RayTransport(Transport):
 
     def _pack(self, msgs: list[Any]) -> tuple["Batch", dict[int, Call], int, int]:
         """A batch of messages, each Call with the compact bytes of the region views it reads."""
-        bases = [r.base for r in self._regions]
+        bases = self._bases
         batch: Batch = []
         calls: dict[int, Call] = {}
         sent_bytes = sent_views = 0
@@ -329,8 +330,8 @@ class RayTransport(Transport):
             reads: tuple[tuple[int, np.ndarray], ...] = ()
             if isinstance(m, Call):
                 calls[m.seq] = m
-                reads = tuple((k, np.ascontiguousarray(descriptor_view(bases[d[1]], d, False)))
-                              for k, (d, a) in enumerate(zip(m.args, m.access)) if a & READ and d[0] == "s")
+                reads = tuple((k, np.ascontiguousarray(_view(bases, m.args[k], False)))
+                              for k in region_arguments(m.args, m.access, READ))
                 sent_views += len(reads)
                 sent_bytes += sum(r.nbytes for _, r in reads)
             batch.append((m, reads))
@@ -347,15 +348,14 @@ class RayTransport(Transport):
         except Exception as e:
             self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
             return
-        bases = [r.base for r in self._regions]
+        bases = self._bases
         got_bytes = got_views = 0
         try:
             for reply, writes in replies:
                 if writes:
                     call = ex.calls[reply.seq]
                     for k, data in writes:
-                        d = call.args[k]
-                        np.copyto(descriptor_view(bases[d[1]], d), data)
+                        np.copyto(_view(bases, call.args[k], True), data)
                         got_views += 1
                         got_bytes += data.nbytes
                 on_message(w, reply)
@@ -377,7 +377,7 @@ class RayTransport(Transport):
         import ray
 
         pending = dict(self._watches)
-        while pending and not self._stopping:
+        while pending and not self._stopped:
             done, _ = ray.wait(list(pending), num_returns=1, timeout=0.5)
             for ref in done:
                 i = pending.pop(ref)
@@ -390,7 +390,7 @@ class RayTransport(Transport):
 
     def _lost(self, i: int, reason: str) -> None:
         with self._lock:
-            if self._stopping or i in self._gone:
+            if self._stopped or i in self._gone:
                 return
             self._gone.add(i)
         assert self._on_exit is not None
@@ -420,7 +420,6 @@ class RayTransport(Transport):
             if self._stopped:
                 return
             self._stopped = True
-            self._stopping = True
         if not self._started:
             return
         import ray
@@ -459,6 +458,11 @@ def _bundle(options: Mapping[str, Any]) -> dict[str, float]:
     if options.get("memory"):
         bundle["memory"] = float(options["memory"])
     return bundle
+
+
+def _view(bases: list[np.ndarray], desc: tuple[Any, ...], writable: bool) -> np.ndarray:
+    """The host's view of a region argument of a Call."""
+    return descriptor_view(bases[desc[1]], desc, writable)
 
 
 def _probe(address: str, timeout: float) -> None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import ray
 
-from engine.distributed.memory import descriptor_view
+from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import WRITE
 from engine.distributed.protocol import Call, Done, Ready, Setup, SetupFailed, portable_error
 from engine.distributed.worker import ChipHost
@@ -87,8 +87,7 @@ class ChipActor:
                 continue
             try:
                 for i, data in reads:
-                    d = msg.args[i]
-                    np.copyto(descriptor_view(host.region_bytes(d[1]), d), data)
+                    np.copyto(self._view(msg.args[i], True), data)
             except BaseException as e:
                 replies.append((Done(msg.seq, portable_error(e), -1, -1), ()))
                 continue
@@ -104,10 +103,15 @@ class ChipActor:
                 msg = waiting.pop(done.seq)
                 writes: tuple[tuple[int, np.ndarray], ...] = ()
                 if done.error is None:
-                    writes = tuple((i, np.array(descriptor_view(host.region_bytes(d[1]), d, False)))
-                                   for i, (d, a) in enumerate(zip(msg.args, msg.access)) if a & WRITE and d[0] == "s")
+                    writes = tuple((i, np.array(self._view(msg.args[i], False)))
+                                   for i in region_arguments(msg.args, msg.access, WRITE))
                 replies.append((done, writes))
         return replies
+
+    def _view(self, desc: tuple[Any, ...], writable: bool) -> np.ndarray:
+        """This worker's view of a region argument of a Call."""
+        assert self._host is not None
+        return descriptor_view(self._host.region_bytes(desc[1]), desc, writable)
 
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:

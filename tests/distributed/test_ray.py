@@ -257,11 +257,11 @@ def test_startup_without_the_resources_times_out_and_cleans_up(cluster):
 
 
 def test_a_worker_setup_error_is_reraised_and_nothing_is_left(cluster):
-    from tests.distributed import refuses_ray_worker
+    from tests.distributed import refuses_worker
 
     transport = dist.RayTransport()
     with pytest.raises(RuntimeError, match="refuses to load in a Ray chip worker"):
-        _ray(refuses_ray_worker.uses_fill, transport=transport)
+        _ray(refuses_worker.uses_fill, transport=transport)
     for actor in transport.actors:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(actor.node_id.remote(), timeout=DETECT)
