@@ -12,7 +12,7 @@ binding leaves unnamed (arg0 in pybind11's signature) are positional-only.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any, Final, SupportsFloat, SupportsIndex, TypeVar, overload
+from typing import Any, ClassVar, Final, SupportsFloat, SupportsIndex, TypeVar, overload
 
 import numpy as np
 from typing_extensions import Buffer as _BufferProtocol, TypeAlias
@@ -188,6 +188,14 @@ class RunLog:
     def launched(self) -> None: ...
     def counts(self) -> tuple[int, int, int, int]:
         """(launched, completed, failed, cancelled) of every run so far."""
+    def since(self, seq: SupportsIndex) -> tuple[int, list[tuple[int, int, int, int, int, int, int, int]]]:
+        """(first, records): the records numbered seq and later still in the window, oldest first."""
+    @property
+    def recorded(self) -> int:
+        """Records ever written: the next record's number."""
+    histogram_bounds_ns: ClassVar[tuple[int, ...]]
+    def histograms(self) -> dict[str, tuple[tuple[int, ...], int, int]]:
+        """{name: (bucket counts, sum_ns, count)} over every run: admission_wait, orchestration, device, latency."""
 
 class PreparedCall:
     """A kernel call checked once (Engine.prepare_call); no constructor."""

@@ -15,6 +15,13 @@ namespace py = pybind11;
 
 namespace tandem::bindings {
 
+namespace {
+py::tuple timing_tuple(const RunTiming& t) {
+  return py::make_tuple(t.dispatch_ns, t.admit_ns, t.launch_ns, t.sealed_ns, t.first_start_ns, t.last_end_ns,
+                        t.done_ns, static_cast<int32_t>(t.kind));
+}
+}  // namespace
+
 void bind_observers(py::module_& m) {
   // The base Engine.add_observer takes. Observers are native: one called per
   // task on the workers cannot be a Python object (workers never take the GIL for it).
@@ -60,13 +67,40 @@ void bind_observers(py::module_& m) {
           "recent",
           [](const RunLog& log) {
             py::list out;
-            for (const RunTiming& t : log.recent()) {
-              out.append(py::make_tuple(t.dispatch_ns, t.admit_ns, t.launch_ns, t.sealed_ns, t.first_start_ns,
-                                        t.last_end_ns, t.done_ns, static_cast<int32_t>(t.kind)));
-            }
+            for (const RunTiming& t : log.recent()) out.append(timing_tuple(t));
             return out;
           },
           "(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first")
+      .def(
+          "since",
+          [](const RunLog& log, uint64_t from) {
+            auto [first, records] = log.since(from);
+            py::list out;
+            for (const RunTiming& t : records) out.append(timing_tuple(t));
+            return py::make_tuple(first, out);
+          },
+          py::arg("seq"),
+          "(first, records): the records numbered seq and later still in the window, oldest first; first is "
+          "the number of the first one (> seq when older ones were overwritten)")
+      .def_property_readonly("recorded", &RunLog::recorded, "records ever written: the next record's number")
+      .def_property_readonly_static(
+          "histogram_bounds_ns", [](const py::object&) { return py::tuple(py::cast(DurationHistogram::bounds_ns())); },
+          "upper bounds (ns) of the histograms' buckets; one more bucket holds what lies above")
+      .def(
+          "histograms",
+          [](const RunLog& log) {
+            const RunHistograms h = log.histograms();
+            py::dict out;
+            auto put = [&out](const char* name, const DurationHistogram& d) {
+              out[name] = py::make_tuple(py::tuple(py::cast(d.counts)), d.sum_ns, d.count);
+            };
+            put("admission_wait", h.admission_wait);
+            put("orchestration", h.orchestration);
+            put("device", h.device);
+            put("latency", h.latency);
+            return out;
+          },
+          "{name: (bucket counts, sum_ns, count)} over every run: admission_wait, orchestration, device, latency")
       .def("launched", &RunLog::launched, "Counts a launched run that is not a native one (it records itself later)")
       .def(
           "counts",

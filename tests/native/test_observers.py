@@ -190,3 +190,27 @@ def test_a_run_reports_to_its_log_once_when_it_completes(eng):
         assert r.wait(10)
     assert log.counts() == (41, 41, 0, 0)
     assert len(log.recent()) == 41
+
+
+def test_run_log_histograms_cover_every_run_and_since_reads_on_from_a_cursor():
+    """The histograms count every run, not the window's; since() resumes where a reader left off."""
+    bounds = _native.RunLog.histogram_bounds_ns
+    assert bounds[0] == 10_000 and all(b == 2 * a for a, b in zip(bounds, bounds[1:]))
+    log = _native.RunLog(2)
+    # (dispatch, admit, launch, sealed, first_start, last_end, done, kind): waits of 0, 15 us and 1 s.
+    log.record(0, 0, 0, 5_000, 10, 30_000, 40_000, 0)
+    log.record(0, 15_000, 15_000, 20_000, -1, -1, 25_000, 1)  # failed before any task ran: no device time
+    log.record(0, 10**9, 10**9, 10**9, 10**9, 10**9, 10**9, 2)  # cancelled: no device or latency sample
+    h = log.histograms()
+    assert set(h) == {"admission_wait", "orchestration", "device", "latency"}
+    counts, total, n = h["admission_wait"]
+    assert n == 3 and total == 15_000 + 10**9 and len(counts) == len(bounds) + 1
+    assert counts[0] == 1 and counts[1] == 1 and counts[bounds.index(1_310_720_000)] == 1 and sum(counts) == 3
+    assert h["device"][2] == 1 and h["device"][1] == 29_990
+    assert h["latency"][2] == 2 and h["latency"][1] == 65_000
+    assert log.recorded == 3 and len(log.recent()) == 2
+    first, records = log.since(0)  # the first record left the window of two
+    assert first == 1 and [r[-1] for r in records] == [1, 2]
+    assert log.since(2) == (2, records[1:]) and log.since(3) == (3, []) and log.since(99) == (3, [])
+    log.record(0, 40_000, 0, 0, -1, -1, 10**11, 0)  # past every bound: the overflow bucket
+    assert log.histograms()["latency"][0][-1] == 1 and log.since(3)[1][0][-1] == 0

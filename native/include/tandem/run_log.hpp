@@ -5,13 +5,16 @@
 // than the event loop writing it when it hears of the completion: the loop's
 // per-run work is what bounds a small run's dispatch rate. Runs that are not
 // native ones (the distributed runtime's) are recorded with launched() and
-// record() directly. The log keeps the most recent `window` records and
-// counts every run.
+// record() directly. The log keeps the most recent `window` records, counts
+// every run, and keeps cumulative histograms of every run's durations (what a
+// metrics scrape reads: a window would lose the runs between two scrapes).
 #pragma once
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <mutex>
+#include <utility>
 #include <vector>
 
 #include "tandem/observer.hpp"
@@ -21,6 +24,27 @@ namespace tandem {
 struct RunCounts {
   uint64_t launched = 0;  // the others plus the runs not completed yet
   uint64_t completed = 0, failed = 0, cancelled = 0;
+};
+
+// Cumulative histogram of one duration over every run recorded: counts[i] runs
+// took at most kBoundsNs[i] (and more than the bound before), the last count
+// the runs above every bound.
+struct DurationHistogram {
+  // 10 us doubling up to about 10.5 s: from a tiny run's admission to a stalled request.
+  static constexpr size_t kBuckets = 21;
+  static std::array<int64_t, kBuckets> bounds_ns();
+  std::array<uint64_t, kBuckets + 1> counts{};
+  int64_t sum_ns = 0;
+  uint64_t count = 0;
+  void add(int64_t ns);
+};
+
+// The durations a run log keeps histograms of (RunLog::histograms()).
+struct RunHistograms {
+  DurationHistogram admission_wait;  // dispatch to slot lease, every run
+  DurationHistogram orchestration;   // orchestration start to sealed run, every run
+  DurationHistogram device;          // first task start to last task end, completed and failed runs that ran
+  DurationHistogram latency;         // dispatch to completion, completed and failed runs
 };
 
 class RunLog final : public RunObserver {
@@ -39,12 +63,20 @@ class RunLog final : public RunObserver {
   // The most recent min(recorded, window) records, oldest first.
   std::vector<RunTiming> recent() const;
   RunCounts counts() const;
+  RunHistograms histograms() const;
+  // How many records were ever written (the next record's sequence number).
+  uint64_t recorded() const;
+  // The records with sequence number >= from still in the window, oldest first, and the sequence
+  // number of the first one returned (> from when some were overwritten before being read).
+  std::pair<uint64_t, std::vector<RunTiming>> since(uint64_t from) const;
 
  private:
   mutable std::mutex mu_;
   std::vector<RunTiming> ring_;
   size_t next_ = 0, filled_ = 0;
   RunCounts counts_;
+  RunHistograms histograms_;
+  uint64_t recorded_ = 0;
 };
 
 }  // namespace tandem
