@@ -6,8 +6,9 @@
 """
 
 from scheduler._futures import InvalidStateError, RunFuture
-from scheduler._metrics import Percentiles, Stats
+from scheduler._metrics import Histogram, Percentiles, RunRecord, Stats
 from scheduler._stream import RunStream, StreamItemError
 from scheduler.runtime import AsyncRuntime
 
-__all__ = ["AsyncRuntime", "InvalidStateError", "Percentiles", "RunFuture", "RunStream", "Stats", "StreamItemError"]
+__all__ = ["AsyncRuntime", "Histogram", "InvalidStateError", "Percentiles", "RunFuture", "RunRecord", "RunStream", "Stats",
+           "StreamItemError"]

@@ -16,7 +16,7 @@ from typing import Any, Iterable
 
 from engine import _native
 
-__all__ = ["Metrics", "Stats", "Percentiles"]
+__all__ = ["Histogram", "Metrics", "Percentiles", "RunRecord", "Stats"]
 
 
 @dataclass(frozen=True)
@@ -65,6 +65,38 @@ class Stats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """One duration over every run so far, in buckets (what a Prometheus histogram exports).
+
+    counts[i] runs took at most bounds[i] seconds and more than bounds[i - 1];
+    counts[-1] (one more than there are bounds) took longer than every bound.
+    """
+
+    bounds: tuple[float, ...]
+    counts: tuple[int, ...]
+    sum: float  # seconds
+    count: int
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One finished run's timings, on the engine's clock (AsyncRuntime.now_ns()); -1: the device never ran it."""
+
+    seq: int  # the record's number: AsyncRuntime.run_records(seq + 1) reads on after it
+    dispatch_ns: int
+    admit_ns: int
+    launch_ns: int
+    sealed_ns: int
+    first_start_ns: int
+    last_end_ns: int
+    done_ns: int
+    outcome: str  # "completed", "failed" or "cancelled"
+
+
+_OUTCOMES = ("completed", "failed", "cancelled")
 
 
 def percentiles(values_ns: Iterable[int]) -> Percentiles:
@@ -144,6 +176,15 @@ class Metrics:
         # Runs the device completed whose outputs could not be written back into the caller's arrays:
         # the log counts them completed, their futures fail.
         self.writeback_failures = 0
+
+    def histograms(self) -> dict[str, Histogram]:
+        bounds = tuple(b / 1e9 for b in _native.RunLog.histogram_bounds_ns)
+        return {name: Histogram(bounds, counts, total / 1e9, n)
+                for name, (counts, total, n) in self.log.histograms().items()}
+
+    def records(self, since: int) -> list[RunRecord]:
+        first, records = self.log.since(since)
+        return [RunRecord(first + i, *r[:_KIND], outcome=_OUTCOMES[r[_KIND]]) for i, r in enumerate(records)]
 
     def snapshot(self) -> Stats:
         dispatched, completed, failed, cancelled = self.log.counts()

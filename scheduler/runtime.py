@@ -77,7 +77,7 @@ from engine.errors import ClosedError, RunCancelledError
 from scheduler._admission import Admission
 from scheduler._futures import RunFuture
 from scheduler._launch import Job, Launched, ThreadLauncher
-from scheduler._metrics import Metrics, Stats
+from scheduler._metrics import Histogram, Metrics, RunRecord, Stats
 from scheduler._pump import CompletionPump
 from scheduler._signal import running_asyncio_loop
 from scheduler._stream import RunStream, Source
@@ -507,6 +507,27 @@ class AsyncRuntime:
     def stats(self) -> Stats:
         """Counts and timing percentiles of the runs so far (see scheduler.Stats)."""
         return self._metrics.snapshot()
+
+    def histograms(self) -> dict[str, Histogram]:
+        """Durations of every run so far in fixed buckets: admission_wait, orchestration, device, latency.
+
+        The same intervals as stats() (see scheduler.Stats), over every run
+        rather than a window: what a metrics scrape exports
+        (scheduler.prometheus).
+        """
+        return self._metrics.histograms()
+
+    def run_records(self, since: int = 0) -> list[RunRecord]:
+        """The finished runs numbered `since` and later that the stats() window still holds, oldest first.
+
+        Read on from the last record's seq + 1; a gap in seq means runs left
+        the window (metrics_window runs) before they were read.
+        """
+        return self._metrics.records(since)
+
+    def now_ns(self) -> int:
+        """The engine clock the run records and traces use (0 before the AsyncRuntime is entered)."""
+        return self._now()
 
     def set_tracing(self, on: bool) -> None:
         """Starts (or stops) recording spans and task timings for export_trace()."""

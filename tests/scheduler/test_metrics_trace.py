@@ -54,6 +54,36 @@ async def test_stats_counts_and_percentiles(make_rt):
     assert d["latency"]["p99"] == s.latency.p99 and d["dispatched"] == 41
 
 
+async def test_histograms_and_run_records_cover_every_run_beyond_the_window(make_rt):
+    """histograms() counts every run (the stats() window holds 4 here); run_records reads on from a cursor."""
+    rt = make_rt(maybe_fail, depth=2)
+    async with AsyncRuntime(rt, metrics_window=4) as art:
+        assert art.run_records() == [] and art.histograms()["latency"].count == 0
+        for i in range(10):
+            try:
+                await art.call(float(i), int(i == 3))
+            except Exception:
+                pass
+        fut = await art.dispatch(1.0, 0)
+        fut.cancel()
+        await art.drain()
+        h = art.histograms()
+        records = art.run_records()
+        now = art.now_ns()
+    assert set(h) == {"admission_wait", "orchestration", "device", "latency"}
+    assert h["admission_wait"].count == h["orchestration"].count == 11
+    s_cancelled = 1 if records[-1].outcome == "cancelled" else 0
+    assert h["latency"].count == 11 - s_cancelled
+    for hist in h.values():
+        assert len(hist.counts) == len(hist.bounds) + 1 and sum(hist.counts) == hist.count
+        assert list(hist.bounds) == sorted(hist.bounds) and hist.sum >= 0
+    assert h["latency"].sum >= h["device"].sum
+    assert [r.seq for r in records] == [7, 8, 9, 10]  # the window of 4
+    assert all(r.dispatch_ns <= r.admit_ns <= r.launch_ns <= r.sealed_ns <= r.done_ns <= now for r in records)
+    assert records[-1].outcome in ("cancelled", "completed")
+    assert art.run_records(since=10) == records[-1:] and art.run_records(since=11) == []
+
+
 async def test_a_run_is_counted_when_the_device_is_done_with_it_before_the_loop_hears(gated_rt, in_thread):
     """Each run records itself where it completes: stats() counts it before the pump or an awaiter has seen it,
     and the counts always add up."""
