@@ -184,7 +184,8 @@ class Metrics:
 
     def records(self, since: int) -> list[RunRecord]:
         first, records = self.log.since(since)
-        return [RunRecord(first + i, *r[:_KIND], outcome=_OUTCOMES[r[_KIND]]) for i, r in enumerate(records)]
+        return [RunRecord(first + i, r[_T_DISPATCH], r[_T_ADMIT], r[_T_LAUNCH], r[_T_LAUNCHED], r[_FIRST], r[_LAST],
+                          r[_T_DONE], _OUTCOMES[r[_KIND]]) for i, r in enumerate(records)]
 
     def snapshot(self) -> Stats:
         dispatched, completed, failed, cancelled = self.log.counts()
