@@ -66,13 +66,15 @@ def _as_args(item: Any) -> tuple[Any, ...]:
 class RunStream(AsyncIterator[Any]):
     """Outputs of one run per source item: in input order, or (index, output) as they complete."""
 
-    def __init__(self, art: "AsyncRuntime", source: Source, *, ordered: bool = True, depth: int | None = None) -> None:
+    def __init__(self, art: "AsyncRuntime", source: Source, *, ordered: bool = True, depth: int | None = None,
+                 priority: int = 0) -> None:
         if depth is None:
             depth = art.depth
         if isinstance(depth, bool) or not isinstance(depth, int):
             raise TypeError(f"stream depth must be an int, not {type(depth).__name__}")
         if depth <= 0:
             raise ValueError(f"stream depth must be positive, got {depth}")
+        self._priority = priority
         self._iter: Iterator[Any] | None = None
         self._aiter: AsyncIterator[Any] | None = None
         if hasattr(source, "__aiter__"):
@@ -162,7 +164,7 @@ class RunStream(AsyncIterator[Any]):
                 return
             self._next_index += 1
             try:
-                fut = await self._art.dispatch(*_as_args(item))
+                fut = await self._art.dispatch(*_as_args(item), priority=self._priority)
             except Exception as e:  # bad arguments, a failing orchestration, a closed runtime
                 self._failed(index, e)
                 return

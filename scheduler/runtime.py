@@ -12,9 +12,17 @@ DistributedRuntime, ...) through that protocol and nothing else.
 
 How a dispatch flows. The arguments are bound first (TypeError / ValueError
 raise here, before admission). Then a slot is leased: at once when one is free
-and nobody is queued, else the dispatch waits in a FIFO (scheduler._admission)
-and the slot is handed to it when a run ahead releases one. The run is then
-staged and orchestrated and dispatch returns its RunFuture.
+and nobody is queued, else the dispatch waits in the admission queue and the
+slot is handed to it when a run ahead releases one. The run is then staged and
+orchestrated and dispatch returns its RunFuture.
+
+Priorities and timeouts. dispatch(..., priority=p, timeout=t): among waiting
+dispatches a higher priority is admitted first, FIFO within a priority; a
+priority step is worth `priority_aging` seconds of waiting, which bounds
+starvation (the rule is in scheduler._admission). timeout bounds the wait for
+admission: a dispatch not admitted within t seconds raises TimeoutError and
+nothing of it reached the device. The names priority and timeout belong to
+dispatch: a program parameter so named is passed positionally.
 
 Where orchestration runs. By default on the loop thread, synchronously: it is
 short Python (staging copies and a few submits), and doing it inline avoids a
@@ -59,6 +67,7 @@ waiters would only see them at the next async completion.
 
 from __future__ import annotations
 
+import math
 import weakref
 from functools import partial
 from typing import Any, Callable
@@ -118,13 +127,22 @@ class AsyncRuntime:
     close_runtime: aclose() also closes the runtime (by default it stays open
     for synchronous use or another AsyncRuntime).
     metrics_window: how many recent runs stats() percentiles cover.
+    priority_aging: seconds of waiting one priority step is worth in the
+    admission queue (None: strict priorities, which can starve; see the
+    module docstring).
     """
 
     def __init__(self, runtime: "Backend[Any]", *, orchestrate_in_thread: bool = False, close_runtime: bool = False,
-                 metrics_window: int = 10_000) -> None:
+                 metrics_window: int = 10_000, priority_aging: float | None = 1.0) -> None:
         if not isinstance(runtime, Backend):
             raise TypeError(f"AsyncRuntime wraps a prepared runtime (from program.prepare(); any "
                             f"engine.backend.Backend), not {type(runtime).__name__}")
+        aging_ns = None
+        if priority_aging is not None:
+            if isinstance(priority_aging, bool) or not isinstance(priority_aging, (int, float)) \
+                    or not 0 < priority_aging < math.inf:
+                raise ValueError(f"priority_aging must be a positive number of seconds or None, got {priority_aging!r}")
+            aging_ns = round(priority_aging * 1e9)
         self._rt = runtime
         self._threaded = bool(orchestrate_in_thread)
         self._close_runtime = bool(close_runtime)
@@ -135,7 +153,7 @@ class AsyncRuntime:
         self._pending: dict[int, RunFuture] = {}  # runs in flight (holding a slot), by native run id
         # Runs admitted here notify their completion (the pump hears of them) and are this object's to finish.
         self._admission: Admission[Job, Any] = Admission(partial(runtime.try_admit, True), self._on_grant,
-                                                         self._on_admission_failed)
+                                                         self._on_admission_failed, aging_ns=aging_ns)
         self._launcher: ThreadLauncher | None = None
         self._pump: CompletionPump | None = None
         self._tg: Any = None
@@ -259,27 +277,35 @@ class AsyncRuntime:
             raise ClosedError("the AsyncRuntime is closed")
 
     # -- dispatching ---------------------------------------------------------------------------
-    async def dispatch(self, *args: Any, **kwargs: Any) -> RunFuture:
+    async def dispatch(self, *args: Any, priority: int = 0, timeout: float | None = None, **kwargs: Any) -> RunFuture:
         """Admits, binds, stages and orchestrates one run; returns its future (the device may still run).
 
-        Waits (FIFO among waiters) while `depth` runs are in flight. Argument
-        errors raise here before admission; so does an error raised by the
-        program's orchestration function, after which the slot is released.
+        Waits while `depth` runs are in flight: higher `priority` first among
+        waiters, FIFO within a priority (aged: see the module docstring).
+        `timeout` (seconds) bounds that wait: past it TimeoutError, and
+        nothing reached the device. Argument errors raise here before
+        admission; so does an error raised by the program's orchestration
+        function, after which the slot is released.
         """
         if self._checkpoint is not None:
             await self._checkpoint()
-        started = self._start(args, kwargs)
+        started = self._start(args, kwargs, priority, timeout)
         if type(started) is RunFuture:
             return started
-        return await self._admitted(started)  # type: ignore[arg-type]
+        return await self._admitted(started, timeout)  # type: ignore[arg-type]
 
-    async def call(self, *args: Any, **kwargs: Any) -> Any:
-        """dispatch() and await the future in one; cancelling the call cancels the run."""
+    async def call(self, *args: Any, priority: int = 0, timeout: float | None = None, **kwargs: Any) -> Any:
+        """dispatch() and await the future in one; cancelling the call cancels the run.
+
+        priority and timeout are dispatch()'s: timeout bounds the wait for
+        admission, not the run (wrap the call in anyio.fail_after for that).
+        """
         # dispatch() inlined: a small run's round trip feels every coroutine layer.
         if self._checkpoint is not None:
             await self._checkpoint()
-        started = self._start(args, kwargs)
-        fut = started if type(started) is RunFuture else await self._admitted(started)  # type: ignore[arg-type]
+        started = self._start(args, kwargs, priority, timeout)
+        fut = started if type(started) is RunFuture else \
+            await self._admitted(started, timeout)  # type: ignore[arg-type]
         if not fut.done():
             try:
                 await fut.wait_done()
@@ -288,10 +314,14 @@ class AsyncRuntime:
                 raise
         return fut.result()
 
-    def _start(self, args: tuple, kwargs: dict[str, Any]) -> "RunFuture | Job":
+    def _start(self, args: tuple, kwargs: dict[str, Any], priority: int, timeout: float | None) -> "RunFuture | Job":
         """Binds; then launches at once when a slot is free and nobody waits, else queues a Job."""
         if self._state != _OPEN:
             self._check_open()
+        if type(priority) is not int:
+            _check_priority(priority)
+        if timeout is not None:
+            _check_timeout(timeout)
         call = self._rt.bind(args, kwargs)
         t0 = self._now()
         lease = self._admission.try_acquire()
@@ -303,19 +333,32 @@ class AsyncRuntime:
             assert self._launcher is not None
             self._launcher.submit(job)
         else:
-            self._admission.enqueue(job)
+            self._admission.enqueue(job, t0, priority)
         return job
 
-    async def _admitted(self, job: Job) -> RunFuture:
-        """Waits until the job was admitted and launched (or failed)."""
+    async def _admitted(self, job: Job, timeout: float | None = None) -> RunFuture:
+        """Waits until the job was admitted and launched (or failed); TimeoutError if not admitted in time."""
         try:
-            await job.wait()
+            if timeout is None:
+                await job.wait()
+            else:
+                with anyio.move_on_after(timeout):
+                    await job.wait()
+                if not job.settled:
+                    if self._admission.remove(job):  # still waiting for a slot: nothing was leased
+                        raise TimeoutError(
+                            f"the dispatch was not admitted within its timeout of {timeout} s: {self.depth} runs "
+                            f"in flight, {self._admission.waiting} dispatches waiting ahead or behind it")
+                    await job.wait()  # admitted in time; its launch (in the worker thread) is under way
+        except TimeoutError:
+            raise
         except BaseException:
             self._abandon(job)
             raise
         return job.outcome()
 
-    def stream(self, source: Source, *, ordered: bool = True, depth: int | None = None) -> RunStream:
+    def stream(self, source: Source, *, ordered: bool = True, depth: int | None = None,
+               priority: int = 0) -> RunStream:
         """An async iterator over the outputs of one run per source item.
 
         source: a sync or async iterable of argument tuples (or single
@@ -323,9 +366,12 @@ class AsyncRuntime:
         depth). ordered=True yields outputs in input order; ordered=False
         yields (index, output) pairs as runs complete. A failing item raises
         scheduler.StreamItemError carrying its index; leaving the loop early
-        cancels the runs still in flight.
+        cancels the runs still in flight. priority: every item's dispatch
+        priority (see dispatch()).
         """
-        return RunStream(self, source, ordered=ordered, depth=depth)
+        if type(priority) is not int:
+            _check_priority(priority)
+        return RunStream(self, source, ordered=ordered, depth=depth, priority=priority)
 
     def _launch_here(self, call: Any, lease: Any, t_dispatch: int) -> RunFuture:
         """Stages and orchestrates on the loop thread; registers the run with the pump."""
@@ -545,3 +591,13 @@ class AsyncRuntime:
 
 def _zero_clock() -> int:
     return 0
+
+
+def _check_priority(priority: Any) -> None:
+    if isinstance(priority, bool) or not isinstance(priority, int):
+        raise TypeError(f"priority must be an int, got {type(priority).__name__} {priority!r}")
+
+
+def _check_timeout(timeout: Any) -> None:
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
+        raise ValueError(f"timeout must be None or a finite number of seconds >= 0, got {timeout!r}")
