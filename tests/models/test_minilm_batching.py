@@ -8,7 +8,7 @@ import anyio
 import numpy as np
 import pytest
 
-from examples.minilm.batching import MicroBatcher
+from examples.minilm.batching import MicroBatcher, Overloaded
 
 pytestmark = pytest.mark.anyio
 
@@ -174,3 +174,82 @@ async def test_requests_waiting_at_shutdown_fail_and_bad_sizes_are_refused():
     assert errors == ["the embedding service is shutting down"]
     with pytest.raises(RuntimeError, match="not running"):
         await batcher.embed(toks(1))
+
+
+async def _queue_behind_a_busy_run(tg: Any, batcher: MicroBatcher, requests: list[tuple[int, dict[str, Any]]],
+                                   outcomes: dict[int, Any]) -> None:
+    """Sends request 0 (it takes the only slot), then queues the others in turn; outcomes by first id."""
+
+    async def ask(i: int, options: dict[str, Any]) -> None:
+        try:
+            outcomes[i] = (await batcher.embed(toks(i), **options)).ravel().tolist()
+        except Exception as e:
+            outcomes[i] = e
+
+    tg.start_soon(ask, 0, {})
+    await anyio.wait_all_tasks_blocked()
+    for i, options in requests:
+        tg.start_soon(ask, i, options)
+        await anyio.wait_all_tasks_blocked()
+
+
+async def test_higher_priority_requests_go_out_first_fifo_within_a_priority():
+    enc = FakeEncoder(max_batch=2)
+    outcomes: dict[int, Any] = {}
+    async with anyio.create_task_group() as tg:
+        batcher = MicroBatcher(enc, window_s=0.0, depth=1, priority_aging=None)
+        await tg.start(batcher.run)
+        await _queue_behind_a_busy_run(tg, batcher, [(1, {}), (2, {"priority": 3}), (3, {"priority": -1}),
+                                                     (4, {"priority": 3}), (5, {})], outcomes)
+        for k in range(4):
+            enc.runs[k].release()
+            await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert [r.tokens for r in enc.runs] == [[0], [2, 4], [1, 5], [3]]
+
+
+async def test_a_request_not_dispatched_within_its_timeout_reaches_nothing():
+    enc = FakeEncoder(max_batch=4)
+    outcomes: dict[int, Any] = {}
+    async with anyio.create_task_group() as tg:
+        batcher = MicroBatcher(enc, window_s=0.0, depth=1)
+        await tg.start(batcher.run)
+        await _queue_behind_a_busy_run(tg, batcher, [(1, {"timeout": 0.01}), (2, {"timeout": 3600.0})], outcomes)
+        with anyio.fail_after(10):
+            while 1 not in outcomes:
+                await anyio.sleep(0.005)
+        assert batcher.queued_texts == 1 and batcher.stats.timed_out == 1
+        enc.runs[0].release()
+        await anyio.wait_all_tasks_blocked()
+        enc.runs[1].release()
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert isinstance(outcomes[1], TimeoutError) and "within its timeout of 0.01 s" in str(outcomes[1])
+    assert [r.tokens for r in enc.runs] == [[0], [2]]  # the timed-out request never reached the engine
+    assert outcomes[2] == [2.0]
+
+
+async def test_a_full_queue_refuses_at_once_with_a_retry_hint():
+    enc = FakeEncoder(max_batch=2)
+    outcomes: dict[int, Any] = {}
+    async with anyio.create_task_group() as tg:
+        batcher = MicroBatcher(enc, window_s=0.0, depth=1, max_queued=3)
+        await tg.start(batcher.run)
+        await _queue_behind_a_busy_run(tg, batcher, [(1, {}), (2, {}), (3, {})], outcomes)
+        assert batcher.queued_texts == 3
+        with pytest.raises(Overloaded, match="3 texts are waiting; the queue takes at most 3") as refused:
+            await batcher.embed(toks(4))
+        assert refused.value.retry_after >= 1 and batcher.stats.rejected == 1
+        for k in range(3):
+            enc.runs[k].release()
+            await anyio.wait_all_tasks_blocked()
+        assert batcher.queued_texts == 0
+        tg.start_soon(batcher.embed, toks(5))  # room again
+        await anyio.wait_all_tasks_blocked()
+        enc.runs[3].release()
+        await anyio.wait_all_tasks_blocked()
+        tg.cancel_scope.cancel()
+    assert [r.tokens for r in enc.runs] == [[0], [1, 2], [3], [5]]
+    assert all(outcomes[i] == [float(i)] for i in range(4))
+    with pytest.raises(ValueError, match="max_queued must be at least max_batch"):
+        MicroBatcher(enc, max_queued=1)
