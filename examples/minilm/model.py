@@ -325,9 +325,11 @@ class MiniLMEncoder:
             finally:
                 self._art = None
 
-    def _async_runtime(self) -> "AsyncRuntime":
+    @property
+    def async_runtime(self) -> "AsyncRuntime":
+        """The AsyncRuntime open_async() drives (for its stats, metrics and traces); RuntimeError outside it."""
         if self._art is None:
-            raise RuntimeError("aencode()/dispatch() need `async with encoder.open_async():` first")
+            raise RuntimeError("aencode()/dispatch()/async_runtime need `async with encoder.open_async():` first")
         return self._art
 
     async def dispatch(self, token_lists: Sequence[np.ndarray]) -> "RunFuture":
@@ -335,11 +337,11 @@ class MiniLMEncoder:
         if not 1 <= len(token_lists) <= self.max_batch:
             raise ValueError(f"a run takes 1 to {self.max_batch} texts, got {len(token_lists)}")
         ids, mask = self.pad(token_lists)
-        return await self._async_runtime().dispatch(ids, mask, self.params)
+        return await self.async_runtime.dispatch(ids, mask, self.params)
 
     async def aencode(self, texts: Sequence[str], batch_size: int | None = None) -> np.ndarray:
         """encode() from async code: every batch is dispatched before the first is awaited."""
-        art = self._async_runtime()
+        art = self.async_runtime
         toks = self.tokenize(texts)
         out = np.empty((len(toks), self.dim), np.float32)
         futures = []
