@@ -7,6 +7,21 @@ and the next run goes out full), and once a slot is free it waits at most
 `window_s` after the oldest waiting request before dispatching what it has.
 A request never straddles two runs.
 
+While runs are in flight, a run that would not be full is held back: the
+device is busy anyway, so dispatching the few requests waiting now would only
+cut the queue into more, smaller runs (each paying a run's fixed cost) without
+finishing anything sooner. The hold lasts until the runs in flight are done
+(or the waiting texts fill a run), bounded by their expected end: the batcher
+measures the device's time per padded token on the runs it sees complete, and
+stops holding once the runs in flight are well past the time they should have
+taken (before the first run completes there is no estimate and no hold).
+With several slots free at once, the waiting requests (the same ones, in
+rank order, as without) are cut into up to that many runs by length: a run is
+padded to its longest text, so short texts in a run with a long one cost as
+much as long ones; grouping requests of similar length saves the padding, and
+the cut is chosen to minimise padded tokens plus a fixed cost per run
+(benchmarks/README.md, the service benchmark, has the measurements).
+
 Which requests go first: the one of lowest rank, rank = arrival time -
 priority * priority_aging (ties in arrival order), the rule of the
 scheduler's admission queue (scheduler._admission): a priority step is worth
@@ -38,6 +53,13 @@ __all__ = ["BatchStats", "MicroBatcher", "Overloaded"]
 _MIN_RETRY_S = 1
 _MAX_RETRY_S = 60
 _RATE_HALF_LIFE_RUNS = 8  # the throughput estimate behind Retry-After forgets old runs at this pace
+# A run's fixed cost (orchestration or replay, launching, the per-task overheads of a small run), in padded
+# tokens: MiniLM on 2 workers runs about 0.12 ms per padded token and a run of a few tokens takes about 8 ms.
+_RUN_COST_TOKENS = 64
+# Attention's share of a token's cost grows with the sequence: per token, the matmuls take 2 * 384 * (4 * 384 +
+# 2 * 1536) multiply-adds in MiniLM and the attention products 4 * 384 * S, i.e. S / 2300 of them.
+_ATTENTION_TOKENS = 2300
+_HOLD_SLACK = 1.5  # a held run waits at most this many times the expected remaining time of the runs in flight
 
 
 class Overloaded(Exception):
@@ -61,6 +83,8 @@ class BatchStats:
     requests: int = 0  # requests dispatched
     rejected: int = 0  # requests refused with Overloaded
     timed_out: int = 0  # requests not dispatched within their timeout
+    tokens: int = 0  # tokens dispatched
+    padded_tokens: int = 0  # tokens the runs computed: texts times the longest text of their run
 
 
 class _Request:
@@ -99,7 +123,16 @@ class MicroBatcher:
         self._max = encoder.max_batch
         self._max_queued = max_queued
         self._aging = priority_aging
-        self._slots = anyio.Semaphore(depth)
+        self._depth = depth
+        self._in_flight: dict[int, float] = {}  # runs dispatched and not done: their cost (see _cost)
+        self._run_numbers = itertools.count()
+        # The device's time per unit of cost, measured on completed runs (None until one completes): sums of
+        # the time each completed run was served (from its dispatch or the previous completion, the later)
+        # and of its cost, both decayed like the throughput estimate.
+        self._served_s = 0.0
+        self._served_cost = 0.0
+        self._busy_since = 0.0  # when the runs in flight started being served
+        self._last_done = -math.inf
         self._heap: list[tuple[float, int, _Request]] = []  # (rank, arrival number, request); lazily pruned
         self._numbers = itertools.count()
         self._queued_texts = 0  # texts of the live (not abandoned) requests waiting
@@ -189,22 +222,23 @@ class MicroBatcher:
             async with anyio.create_task_group() as tg:
                 task_status.started()
                 while True:
-                    await self._slots.acquire()
-                    batch = await self._next_batch()
-                    if not batch:
-                        self._slots.release()
-                        continue
-                    tokens = [t for r in batch for t in r.tokens]
-                    try:
-                        fut = await self._encoder.dispatch(tokens)
-                    except Exception as e:  # e.g. the runtime closed: these requests fail, later ones may not
-                        self._slots.release()
-                        _settle(batch, error=e)
-                        continue
-                    self.stats.runs += 1
-                    self.stats.texts += len(tokens)
-                    self.stats.requests += len(batch)
-                    tg.start_soon(self._deliver, fut, batch)
+                    for batch in await self._next_batches():
+                        tokens = [t for r in batch for t in r.tokens]
+                        try:
+                            fut = await self._encoder.dispatch(tokens)
+                        except Exception as e:  # e.g. the runtime closed: these requests fail, later ones may not
+                            _settle(batch, error=e)
+                            continue
+                        number = next(self._run_numbers)
+                        if not self._in_flight:
+                            self._busy_since = anyio.current_time()
+                        self._in_flight[number] = _cost(batch)
+                        self.stats.runs += 1
+                        self.stats.texts += len(tokens)
+                        self.stats.requests += len(batch)
+                        self.stats.tokens += sum(len(t) for t in tokens)
+                        self.stats.padded_tokens += len(tokens) * max(len(t) for t in tokens)
+                        tg.start_soon(self._deliver, fut, batch, number)
         finally:
             self._running = False
             waiting = [r for _, _, r in self._heap if not r.abandoned]
@@ -218,37 +252,73 @@ class MicroBatcher:
         while self._heap and self._heap[0][2].abandoned:
             heapq.heappop(self._heap)
 
-    async def _next_batch(self) -> list[_Request]:
-        while True:
-            self._prune()
-            if self._heap:
-                break
-            self._arrived = anyio.Event()
+    async def _wait(self, timeout: float = math.inf) -> None:
+        """Until a request arrives or a run completes (or `timeout` seconds pass)."""
+        self._arrived = anyio.Event()
+        with anyio.move_on_after(timeout):
             await self._arrived.wait()
-        # The window runs from the oldest waiting request, whatever its rank.
-        deadline = min(r.arrived for _, _, r in self._heap if not r.abandoned) + self._window
-        while self._queued_texts < self._max:
-            remaining = deadline - anyio.current_time()
-            if remaining <= 0:
-                break
-            self._arrived = anyio.Event()
-            with anyio.move_on_after(remaining):
-                await self._arrived.wait()
-        batch: list[_Request] = []
+
+    async def _next_batches(self) -> list[list[_Request]]:
+        """The next runs to dispatch, at least one: once a slot is free and requests wait (see the module doc)."""
+        while True:
+            while len(self._in_flight) >= self._depth or not self._waiting():
+                await self._wait()
+            # The window runs from the oldest waiting request, whatever its rank.
+            deadline = min(r.arrived for _, _, r in self._heap if not r.abandoned) + self._window
+            while self._queued_texts < self._max and len(self._in_flight) < self._depth:
+                remaining = deadline - anyio.current_time()
+                if remaining <= 0:
+                    break
+                await self._wait(remaining)
+            while self._in_flight and self._queued_texts < self._max:  # hold a run that would not be full
+                remaining = self._hold_until() - anyio.current_time()
+                if remaining <= 0:
+                    break
+                await self._wait(remaining)
+            free = self._depth - len(self._in_flight)
+            if free > 0 and self._waiting():
+                return self._take(free)
+
+    def _waiting(self) -> bool:
+        self._prune()
+        return bool(self._heap)
+
+    def _hold_until(self) -> float:
+        """When a held run stops waiting for the runs in flight: _HOLD_SLACK times their expected remaining
+        time from now on, the expectation from the measured time per cost; -inf with nothing measured yet."""
+        if self._served_cost <= 0:
+            return -math.inf
+        expected_end = self._busy_since + self._served_s / self._served_cost * sum(self._in_flight.values())
+        now = anyio.current_time()
+        return now + _HOLD_SLACK * max(0.0, expected_end - now)
+
+    def _take(self, runs: int) -> list[list[_Request]]:
+        """Up to `runs` runs of the waiting requests, in rank order: each run takes the next requests while
+        they fit (a request that does not fit is not overtaken by smaller ones behind it); then the requests
+        taken are regrouped by length when that costs less (see _by_length)."""
+        batches: list[list[_Request]] = [[]]
         n = 0
         while True:
             self._prune()
-            if not self._heap or n + len(self._heap[0][2].tokens) > self._max:
-                break  # in rank order: a request that does not fit is not overtaken by smaller ones behind it
+            if not self._heap:
+                break
+            size = len(self._heap[0][2].tokens)
+            if n + size > self._max:
+                if len(batches) == runs:
+                    break
+                batches.append([])
+                n = 0
             req = heapq.heappop(self._heap)[2]
             self._queued_texts -= len(req.tokens)
             self._queued_requests -= 1
             req.taken.set()
-            batch.append(req)
-            n += len(req.tokens)
-        return batch
+            batches[-1].append(req)
+            n += size
+        if runs > 1:
+            batches = _by_length([r for b in batches for r in b], runs, self._max) or batches
+        return [b for b in batches if b]
 
-    async def _deliver(self, fut: Any, batch: list[_Request]) -> None:
+    async def _deliver(self, fut: Any, batch: list[_Request], number: int) -> None:
         try:
             out = await fut
         except Exception as e:  # the run failed: its requests fail, the service goes on
@@ -258,13 +328,27 @@ class MicroBatcher:
             _settle(batch, error=RuntimeError("the embedding service is shutting down"))
             raise
         finally:
-            self._slots.release()
+            self._run_done(number)
         self._note_delivery(len(out))
         offset = 0
         for req in batch:
             req.result = out[offset:offset + len(req.tokens)]
             offset += len(req.tokens)
             req.done.set()
+
+    def _run_done(self, number: int) -> None:
+        """A run left the device: its slot is free, and its time served goes into the time per cost."""
+        cost = self._in_flight.pop(number)
+        now = anyio.current_time()
+        served = now - max(self._busy_since, self._last_done)  # runs are served in dispatch order, about
+        self._last_done = now
+        if self._in_flight:
+            self._busy_since = now
+        if served > 0:
+            keep = 0.5 ** (1 / _RATE_HALF_LIFE_RUNS)
+            self._served_s = keep * self._served_s + served
+            self._served_cost = keep * self._served_cost + cost
+        self._arrived.set()  # the batcher may be waiting for a slot, or holding a run for this one
 
     def _note_delivery(self, texts: int) -> None:
         now = anyio.current_time()
@@ -273,6 +357,50 @@ class MicroBatcher:
             keep = 0.5 ** (1 / _RATE_HALF_LIFE_RUNS)
             self._texts_per_s = rate if self._texts_per_s is None else keep * self._texts_per_s + (1 - keep) * rate
         self._last_delivery = now
+
+
+def _cost(batch: list[_Request]) -> float:
+    """What a run of these requests costs the device, in padded tokens: every text is padded to the
+    longest, attention grows with it, and every run has a fixed cost."""
+    longest = max(len(t) for r in batch for t in r.tokens)
+    texts = sum(len(r.tokens) for r in batch)
+    return _RUN_COST_TOKENS + texts * longest * (1 + longest / _ATTENTION_TOKENS)
+
+
+def _by_length(requests: list[_Request], runs: int, max_texts: int) -> list[list[_Request]] | None:
+    """The requests cut into at most `runs` runs of at most max_texts texts, each run a range of them in order
+    of their longest text, at the least total _cost; each run keeps the requests' rank order. None when no
+    such cut holds them all."""
+    reqs = sorted(requests, key=lambda r: max(len(t) for t in r.tokens))
+    n = len(reqs)
+    inf = math.inf
+    # best[k][j]: least cost of the first j requests (by length) in k runs; cut[k][j]: where the last run starts.
+    best = [[inf] * (n + 1) for _ in range(runs + 1)]
+    cut = [[0] * (n + 1) for _ in range(runs + 1)]
+    best[0][0] = 0.0
+    longest = [max(len(t) for t in r.tokens) for r in reqs]
+    for k in range(1, runs + 1):
+        for j in range(1, n + 1):
+            per_text = longest[j - 1] * (1 + longest[j - 1] / _ATTENTION_TOKENS)  # the last run's longest text
+            texts = 0
+            for i in range(j, 0, -1):  # the last run holds reqs[i - 1 : j]
+                texts += len(reqs[i - 1].tokens)
+                if texts > max_texts:
+                    break
+                c = best[k - 1][i - 1] + _RUN_COST_TOKENS + texts * per_text  # _cost(reqs[i - 1:j])
+                if c < best[k][j]:
+                    best[k][j], cut[k][j] = c, i - 1
+    k = min(range(1, runs + 1), key=lambda k: best[k][n])
+    if best[k][n] == inf:
+        return None
+    out: list[list[_Request]] = []
+    j = n
+    while k > 0:
+        i = cut[k][j]
+        out.append(reqs[i:j])
+        j, k = i, k - 1
+    rank = {id(r): i for i, r in enumerate(requests)}
+    return sorted((sorted(run, key=lambda r: rank[id(r)]) for run in out if run), key=lambda run: rank[id(run[0])])
 
 
 def _settle(batch: list[_Request], *, error: BaseException) -> None:
