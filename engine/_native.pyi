@@ -193,7 +193,9 @@ class RunLog:
     @property
     def recorded(self) -> int:
         """Records ever written: the next record's number."""
-    histogram_bounds_ns: ClassVar[tuple[int, ...]]
+    @staticmethod
+    def histogram_bounds_ns() -> tuple[int, ...]:
+        """Upper bounds (ns) of the histograms' buckets; one more bucket holds what lies above."""
     def histograms(self) -> dict[str, tuple[tuple[int, ...], int, int]]:
         """{name: (bucket counts, sum_ns, count)} over every run: admission_wait, orchestration, device, latency."""
 

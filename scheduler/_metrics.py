@@ -178,7 +178,7 @@ class Metrics:
         self.writeback_failures = 0
 
     def histograms(self) -> dict[str, Histogram]:
-        bounds = tuple(b / 1e9 for b in _native.RunLog.histogram_bounds_ns)
+        bounds = tuple(b / 1e9 for b in _native.RunLog.histogram_bounds_ns())
         return {name: Histogram(bounds, counts, total / 1e9, n)
                 for name, (counts, total, n) in self.log.histograms().items()}
 

@@ -73,7 +73,7 @@ void bind_observers(py::module_& m) {
           "(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first")
       .def(
           "since",
-          [](const RunLog& log, uint64_t from) {
+          [](const RunLog& log, uint64_t from) -> py::object {
             auto [first, records] = log.since(from);
             py::list out;
             for (const RunTiming& t : records) out.append(timing_tuple(t));
@@ -83,8 +83,8 @@ void bind_observers(py::module_& m) {
           "(first, records): the records numbered seq and later still in the window, oldest first; first is "
           "the number of the first one (> seq when older ones were overwritten)")
       .def_property_readonly("recorded", &RunLog::recorded, "records ever written: the next record's number")
-      .def_property_readonly_static(
-          "histogram_bounds_ns", [](const py::object&) { return py::tuple(py::cast(DurationHistogram::bounds_ns())); },
+      .def_static(
+          "histogram_bounds_ns", []() -> py::object { return py::tuple(py::cast(DurationHistogram::bounds_ns())); },
           "upper bounds (ns) of the histograms' buckets; one more bucket holds what lies above")
       .def(
           "histograms",

@@ -194,7 +194,7 @@ def test_a_run_reports_to_its_log_once_when_it_completes(eng):
 
 def test_run_log_histograms_cover_every_run_and_since_reads_on_from_a_cursor():
     """The histograms count every run, not the window's; since() resumes where a reader left off."""
-    bounds = _native.RunLog.histogram_bounds_ns
+    bounds = _native.RunLog.histogram_bounds_ns()
     assert bounds[0] == 10_000 and all(b == 2 * a for a, b in zip(bounds, bounds[1:]))
     log = _native.RunLog(2)
     # (dispatch, admit, launch, sealed, first_start, last_end, done, kind): waits of 0, 15 us and 1 s.
