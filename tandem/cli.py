@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("names", nargs="+", choices=(*bench_command.NAMES, "all"), metavar="NAME",
                    help=f"one or more of {', '.join(bench_command.NAMES)}, all")
     b.add_argument("--quick", action="store_true",
-                   help="fewer runs and repetitions; the model benchmark without its HTTP service part")
+                   help="fewer runs and repetitions")
     b.add_argument("--out", default=None,
                    help=f"folder for JSON, logs and plots (default: benchmarks/results in a checkout, "
                         f"./{bench_command.SHIPPED_DEFAULT_OUT} with an installed package)")
