@@ -91,10 +91,12 @@ async def in_progress(url: str) -> float:
 
 
 async def refused(url: str) -> bool:
+    """The listener is closed: the connection is refused, or (racing the close) the kernel accepted it into
+    the backlog and the server closed it unanswered."""
     try:
         async with httpx.AsyncClient(timeout=5) as c:
             await c.get(f"{url}/health")
-    except httpx.ConnectError:
+    except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
         return True
     return False
 
