@@ -66,8 +66,9 @@ def host_kernel(fn: Callable[..., Any] | None = None, *, name: str | None = None
     return HostKernel(fn, name)
 
 
-# Validated calls a runtime keeps (see _call_key); a program that makes new views every run only churns them.
-_CALLS_KEPT = 256
+# Validated calls a runtime keeps (see _call_key): a few thousand covers the distinct calls of many runs of a
+# model at several shapes; a program whose calls vary more (scalar values that never repeat) only churns them.
+_CALLS_KEPT = 4096
 _SCALAR_TYPES = (int, float, bool, str, type(None))
 
 
@@ -75,32 +76,38 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
     """What makes a kernel call over DeviceTensors validate the same, or None when it cannot be kept.
 
     Steady-state orchestration repeats its calls run after run: the same
-    slot views and resident tensors, the same scalar values. A DeviceTensor
-    is an immutable view, so a call over the same tensor objects and scalar
-    values validates to the same Call, and the runtime hands the kept one out
-    again. The Call holds its kernel and tensors, so the ids in the key stay
+    views of the same slot buffers, scratch and resident tensors, the same
+    scalar values. A DeviceTensor is an immutable view, so two calls over
+    views equal in value (allocation, offset, shape, strides, dtype) with
+    the same scalar values validate to the same Call, and the runtime hands
+    the kept one out again: a program that slices new view objects every run
+    hits as well as one that keeps its views. The kept Call holds its kernel
+    and tensors, so the ids in the key (the kernel's, the allocations') stay
     theirs while it is kept. Whether each tensor is still alive and this
     runtime's is checked on every call regardless.
     """
     if not inputs and out is None and not scalars:  # noop-like calls: the kernel alone (an int, unlike other keys)
         return id(kernel)
+    key: list[Any] = [id(kernel)]
     for t in inputs:
         if type(t) is not DeviceTensor:
             return None
-    if out is not None and type(out) is not DeviceTensor:
-        return None
-    items: list[tuple[str, type, Any]] = []
+        key.append((id(t._alloc), t._offset, t._shape, t._strides, t._dtype))
+    if out is not None:
+        if type(out) is not DeviceTensor:
+            return None
+        key.append(("out", id(out._alloc), out._offset, out._shape, out._strides, out._dtype))
     for k, v in scalars.items():
         vt = type(v)
-        if vt is DeviceTensor:  # an optional tensor given by keyword: by identity, like the others
-            items.append((k, vt, id(v)))
+        if vt is DeviceTensor:  # an optional tensor given by keyword: by value, like the others
+            key.append((k, vt, id(v._alloc), v._offset, v._shape, v._strides, v._dtype))
         elif vt in _SCALAR_TYPES:  # by type too: 1, 1.0 and True compare equal but validate differently
             if vt is float and v != v:  # NaN never equals itself: never kept (the kernel's check rejects it)
                 return None
-            items.append((k, vt, v))
+            key.append((k, vt, v))
         else:
             return None
-    return (id(kernel), tuple(map(id, inputs)), id(out), tuple(items))
+    return tuple(key)
 
 
 def _keep(calls: dict[tuple | int, Any], key: tuple | int, entry: Any) -> None:

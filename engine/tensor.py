@@ -168,36 +168,48 @@ class DeviceTensor:
 
     # -- views ----------------------------------------------------------------------
     def __getitem__(self, key: Any) -> "DeviceTensor":
-        if not isinstance(key, tuple):
+        if type(key) is not tuple:
             key = (key,)
-        if len(key) > self.ndim:
-            raise IndexError(f"too many indices: {len(key)} for a {self.ndim}-d tensor")
-        offset, shape, strides = self._offset, [], []
+        shape, strides = self._shape, self._strides
+        if len(key) > len(shape):
+            raise IndexError(f"too many indices: {len(key)} for a {len(shape)}-d tensor")
+        offset = self._offset
         item = self._dtype.itemsize
+        new_shape: list[int] = []
+        new_strides: list[int] = []
+        # Orchestration slices views by the hundred per run: the common kinds (slices, ints) are
+        # tested by exact type first.
         for axis, k in enumerate(key):
-            dim, stride = self._shape[axis], self._strides[axis]
-            if isinstance(k, slice):
+            dim, stride = shape[axis], strides[axis]
+            kt = type(k)
+            if kt is slice:
                 start, stop, step = k.indices(dim)
-                if step <= 0:
+                if step == 1:
+                    n = stop - start
+                elif step > 0:
+                    n = (stop - start + step - 1) // step
+                else:
                     raise ValueError("views take positive slice steps only")
-                n = max(0, (stop - start + step - 1) // step)
-                if n == 0:
+                if n <= 0:
                     raise ValueError(f"empty slice on axis {axis}")
                 offset += start * stride * item
-                shape.append(n)
-                strides.append(stride * step)
-            elif not isinstance(k, bool) and hasattr(type(k), "__index__"):  # ints, numpy ints, int-likes
-                i = operator.index(k)
-                if not -dim <= i < dim:
-                    raise IndexError(f"index {i} out of range for axis {axis} of size {dim}")
-                offset += (i % dim) * stride * item
-            else:
-                raise TypeError(f"views index with ints and slices, not {type(k).__name__}")
-        shape.extend(self._shape[len(key):])
-        strides.extend(self._strides[len(key):])
-        if not shape:  # a single element: keep it a 1-element vector
-            shape, strides = [1], [1]
-        return DeviceTensor(self._alloc, offset, tuple(shape), tuple(strides), self._dtype)
+                new_shape.append(n)
+                new_strides.append(stride * step)
+                continue
+            if kt is not int:
+                if kt is bool or not hasattr(kt, "__index__"):  # ints, numpy ints, int-likes
+                    raise TypeError(f"views index with ints and slices, not {kt.__name__}")
+                k = operator.index(k)
+            if not -dim <= k < dim:
+                raise IndexError(f"index {k} out of range for axis {axis} of size {dim}")
+            offset += (k % dim) * stride * item
+        n_key = len(key)
+        if n_key < len(shape):
+            new_shape.extend(shape[n_key:])
+            new_strides.extend(strides[n_key:])
+        if not new_shape:  # a single element: keep it a 1-element vector
+            return DeviceTensor(self._alloc, offset, (1,), (1,), self._dtype)
+        return DeviceTensor(self._alloc, offset, tuple(new_shape), tuple(new_strides), self._dtype)
 
     def reshape(self, *shape: int | Sequence[int]) -> "DeviceTensor":
         dims: Sequence[Any] = shape[0] if len(shape) == 1 and isinstance(shape[0], (tuple, list)) else shape

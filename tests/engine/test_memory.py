@@ -222,7 +222,8 @@ def test_views_by_slicing(rt):
     a = np.arange(60, dtype=np.float32).reshape(5, 12)
     t = rt.alloc_tensor((5, 12), "float32", init=a)
     for key in [np.s_[1:3], np.s_[:, 2:7], np.s_[::2], np.s_[1:4, ::3], np.s_[2], np.s_[-1], np.s_[:, -2],
-                np.s_[4:, 11:], np.s_[1:100]]:
+                np.s_[4:, 11:], np.s_[1:100], np.s_[np.int64(3)], np.s_[1:, np.int32(-3)], np.s_[0:5:2, 1:12:5],
+                np.s_[-3:, 5:100:4]]:
         v = t[key]
         assert isinstance(v, engine.DeviceTensor)
         expect = a[key]
@@ -240,6 +241,10 @@ def test_views_by_slicing(rt):
         t[3:3]  # empty
     with pytest.raises(TypeError):
         t["a"]
+    with pytest.raises(TypeError):
+        t[True]  # a bool is not an index here (numpy would read it as a mask)
+    with pytest.raises(TypeError):
+        t[1.0]
 
 
 def test_reshape_of_contiguous_tensors(rt):

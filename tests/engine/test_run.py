@@ -415,6 +415,39 @@ def test_a_repeated_call_over_the_same_tensors_is_validated_once(prepared, monke
     assert binds == ["scale"]  # 2.0 was kept from the first run, 3.0 validated once
 
 
+@engine.program
+def sliced_scale(run, x: In((8,)), y: Out((8,)), half: Scalar(int)):
+    # New view objects every run (and within it): slices of the slot buffers and of scratch.
+    tmp = run.scratch((8,))
+    lo, hi = slice(0, 4), slice(4, 8)
+    run.submit(K.scale, x[lo], out=tmp[lo], alpha=2.0)
+    run.submit(K.scale, x[hi], out=tmp[hi], alpha=2.0)
+    run.submit(K.copy, tmp[lo] if half == 0 else tmp[hi], out=y[lo])
+    run.submit(K.copy, tmp[hi] if half == 0 else tmp[lo], out=y[hi])
+
+
+def test_calls_over_views_equal_in_value_are_validated_once(prepared, monkeypatch):
+    rt = prepared(sliced_scale, depth=1)
+    x = np.arange(8, dtype=np.float32)
+    rt(x, half=0)
+    binds: list[str] = []
+    assert type(K.scale) is type(K.copy)
+    real = type(K.scale).bind
+
+    def counting(self, *args):
+        binds.append(self.name)
+        return real(self, *args)
+
+    monkeypatch.setattr(type(K.scale), "bind", counting)
+    for _ in range(3):  # fresh slices of the same bytes: every call is a kept one
+        np.testing.assert_array_equal(rt(x, half=0), x * 2)
+    assert binds == []
+    # Views that differ in value (here: which half is copied where) are other calls, validated once each.
+    np.testing.assert_array_equal(rt(x, half=1), np.concatenate([x[4:], x[:4]]) * 2)
+    np.testing.assert_array_equal(rt(x, half=1), np.concatenate([x[4:], x[:4]]) * 2)
+    assert sorted(binds) == ["copy", "copy"]
+
+
 _alpha = [1.0]
 
 
