@@ -512,6 +512,10 @@ def measure(service: Service, mode: str, level: float, texts: list[list[str]], w
         tokens = health1["tokens"] - health0["tokens"]
         out["padded_over_real_tokens"] = (health1["padded_tokens"] - health0["padded_tokens"]) / tokens if tokens \
             else math.nan
+    if "capture" in health1 and "capture" in health0:  # the engine's captured runs: replays over all runs
+        hits = health1["capture"]["hits"] - health0["capture"]["hits"]
+        misses = health1["capture"]["misses"] - health0["capture"]["misses"]
+        out["replayed"] = hits / (hits + misses) if hits + misses else math.nan
     return out
 
 
@@ -569,7 +573,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 for n in args.clients:
                     progress.step(f"round {r + 1}: {name}, {n} clients")
                     closed[n][name].append(measure_quiet(svc, "closed", n, texts, args, args.seed))
-                if capacity is None:
+                if capacity is None and args.loads:  # plain runs first when there are open-loop points
                     capacity = max(closed[n]["plain" if "plain" in services else name][-1]["requests_per_s"]
                                    for n in args.clients)
                 for f in args.loads:
@@ -624,11 +628,12 @@ def print_tables(f: dict[str, Any]) -> None:
     for point in f["closed"]:
         for s, r in point["results"].items():
             rows.append([point["clients"], s, r["requests_per_s"], r["texts_per_s"], r["p50_ms"], r["p99_ms"],
-                         r["errors"], r.get("texts_per_run", ""), r["service_cores"], r["service_main_thread_cores"],
+                         r["errors"], r.get("texts_per_run", ""), r.get("padded_over_real_tokens", ""),
+                         r.get("replayed", ""), r["service_cores"], r["service_main_thread_cores"],
                          r["client_cpu_us_per_request"]])
     print("\nclosed loop (N clients, each sends its next request when answered)")
     print_table(["clients", "service", "requests/s", "texts/s", "p50 ms", "p99 ms", "errors", "texts/run",
-                 "svc cores", "svc loop cores", "client us/req"], rows)
+                 "padded/real", "replayed", "svc cores", "svc loop cores", "client us/req"], rows)
     if f["open"]:
         print(f"\nopen loop (Poisson arrivals; latency from the scheduled send; loads are fractions of "
               f"{f['capacity_requests_per_s']:.1f} requests/s: {f['capacity_from']})")
@@ -636,9 +641,10 @@ def print_tables(f: dict[str, Any]) -> None:
         for point in f["open"]:
             for s, r in point["results"].items():
                 rows.append([f"{point['fraction']:.0%}", point["rate"], s, r["requests_per_s"], r["p50_ms"],
-                             r["p90_ms"], r["p99_ms"], r["errors"], r.get("texts_per_run", ""), r["service_cores"]])
+                             r["p90_ms"], r["p99_ms"], r["errors"], r.get("texts_per_run", ""),
+                             r.get("replayed", ""), r["service_cores"]])
         print_table(["load", "offered/s", "service", "requests/s", "p50 ms", "p90 ms", "p99 ms", "errors",
-                     "texts/run", "svc cores"], rows)
+                     "texts/run", "replayed", "svc cores"], rows)
     if f["ratios"]:
         print()
         print_table(["ratio", "value"], [[k, v] for k, v in f["ratios"].items()])

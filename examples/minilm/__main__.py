@@ -28,6 +28,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--window-ms", type=float, default=2.0, help="micro-batching window")
     ap.add_argument("--max-batch", type=int, default=32, help="most texts per engine run and per request")
     ap.add_argument("--max-seq-length", type=int, default=None, help="most tokens per text (default: the model's)")
+    ap.add_argument("--seq-multiple", type=int, default=8,
+                    help="pad each run's texts to a multiple of this many tokens: more runs replay a recording "
+                         "(1: to the longest text exactly)")
     ap.add_argument("--max-queue", type=int, default=None,
                     help="most texts waiting for the engine; past it requests get 503 with Retry-After at once "
                          "(default: 8 x --max-batch; 0: no bound)")
@@ -65,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
 
     log = logging.getLogger("examples.minilm")
     max_queue = DEFAULT_QUEUE_FACTOR * args.max_batch if args.max_queue is None else args.max_queue
+    if args.seq_multiple < 1:
+        ap.error(f"--seq-multiple must be at least 1, got {args.seq_multiple}")
     with MiniLMEncoder(max_batch=args.max_batch, max_seq_length=args.max_seq_length, workers=args.workers,
-                       depth=args.depth) as encoder:
+                       depth=args.depth, seq_multiple=args.seq_multiple) as encoder:
         try:
             app = create_app(encoder, window_ms=args.window_ms, max_body_bytes=args.max_body_bytes,
                              max_queue=max_queue, priority_aging=args.priority_aging or None, api_key=api_key,

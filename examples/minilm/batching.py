@@ -73,6 +73,8 @@ class Overloaded(Exception):
 class _Encoder(Protocol):
     max_batch: int
 
+    def padded_length(self, longest: int) -> int: ...
+
     async def dispatch(self, token_lists: Sequence[np.ndarray]) -> Any: ...
 
 
@@ -84,7 +86,7 @@ class BatchStats:
     rejected: int = 0  # requests refused with Overloaded
     timed_out: int = 0  # requests not dispatched within their timeout
     tokens: int = 0  # tokens dispatched
-    padded_tokens: int = 0  # tokens the runs computed: texts times the longest text of their run
+    padded_tokens: int = 0  # tokens the runs computed: texts times their run's padded length
 
 
 class _Request:
@@ -237,7 +239,8 @@ class MicroBatcher:
                         self.stats.texts += len(tokens)
                         self.stats.requests += len(batch)
                         self.stats.tokens += sum(len(t) for t in tokens)
-                        self.stats.padded_tokens += len(tokens) * max(len(t) for t in tokens)
+                        self.stats.padded_tokens += len(tokens) * self._encoder.padded_length(
+                            max(len(t) for t in tokens))
                         tg.start_soon(self._deliver, fut, batch, number)
         finally:
             self._running = False

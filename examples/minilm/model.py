@@ -233,11 +233,17 @@ class MiniLMEncoder:
     as sentence-transformers does; the default is the model's own (256).
     capture: record the orchestration once per (B, S) and replay it natively
     after (engine.capture); capture_limit recordings are kept.
+    seq_multiple: a run's S is its longest text rounded up to a multiple of
+    this (at most max_seq_length); 1, the default, pads to the longest text
+    exactly. Recordings are per (B, S): a service that sees texts of every
+    length replays more of its runs with S on a grid, for the price of the
+    positions added (masked out: the embeddings do not change). The example
+    service uses 8 (benchmarks/README.md has what it measured).
     """
 
     def __init__(self, model_dir: str | Path | None = None, *, max_batch: int = 32,
                  max_seq_length: int | None = None, workers: int | None = None, depth: int = 2,
-                 capture: bool = True, capture_limit: int = 64) -> None:
+                 capture: bool = True, capture_limit: int = 64, seq_multiple: int = 1) -> None:
         self.model_dir = Path(model_dir) if model_dir is not None else default_model_dir()
         self.config = load_config(self.model_dir)
         if max_seq_length is None:
@@ -246,7 +252,10 @@ class MiniLMEncoder:
             raise ValueError(f"max_seq_length must be in [2, {self.config.max_positions}], got {max_seq_length}")
         if max_batch < 1:
             raise ValueError(f"max_batch must be positive, got {max_batch}")
+        if isinstance(seq_multiple, bool) or not isinstance(seq_multiple, int) or seq_multiple < 1:
+            raise ValueError(f"seq_multiple must be a positive int, got {seq_multiple!r}")
         self.max_batch = max_batch
+        self.seq_multiple = seq_multiple
         self.max_seq_length = max_seq_length
         self.tokenizer = load_tokenizer(self.model_dir, max_seq_length)
         self._untruncated = load_tokenizer(self.model_dir, None)
@@ -275,10 +284,15 @@ class MiniLMEncoder:
         tok = self.tokenizer if truncate else self._untruncated
         return [np.asarray(e.ids, np.int32) for e in tok.encode_batch(texts)]
 
-    @staticmethod
-    def pad(token_lists: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-        """ids [B, S] int32 (0 = [PAD]) and mask [B, S] float32, S the longest sequence."""
-        seq = max(len(t) for t in token_lists)
+    def padded_length(self, longest: int) -> int:
+        """The S of a run whose longest text has `longest` tokens: rounded up to a multiple of seq_multiple,
+        within max_seq_length."""
+        m = self.seq_multiple
+        return max(longest, min(-(-longest // m) * m, self.max_seq_length))
+
+    def pad(self, token_lists: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+        """ids [B, S] int32 (0 = [PAD]) and mask [B, S] float32, S = padded_length(the longest sequence)."""
+        seq = self.padded_length(max(len(t) for t in token_lists))
         ids = np.zeros((len(token_lists), seq), np.int32)
         mask = np.zeros((len(token_lists), seq), np.float32)
         for i, t in enumerate(token_lists):

@@ -166,8 +166,10 @@ def create_app(encoder: MiniLMEncoder, *, window_ms: float = 2.0, max_texts: int
 
     async def health(request: Request) -> JSONResponse:
         s = batcher.stats
+        capture = encoder.runtime.capture_stats()
         return JSONResponse({"status": "ok", "phase": state.phase, "runs": s.runs, "texts": s.texts,
-                             "requests": s.requests})
+                             "requests": s.requests, "tokens": s.tokens, "padded_tokens": s.padded_tokens,
+                             "capture": {k: capture[k] for k in ("hits", "misses", "entries", "evictions")}})
 
     async def ready(request: Request) -> JSONResponse:
         reason = state.unready_reason()

@@ -48,6 +48,9 @@ class ObservedEncoder:
         self._metrics.run_texts.observe(len(token_lists))
         return fut
 
+    def padded_length(self, longest: int) -> int:
+        return self._encoder.padded_length(longest)
+
 
 class BatcherCollector:
     """The MicroBatcher's counts and queue, read at scrape time."""

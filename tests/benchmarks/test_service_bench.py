@@ -58,6 +58,7 @@ def test_bench_service_quick(tmp_path):
             assert r["p99_ms"] >= r["p50_ms"]
             if name.startswith("tandem"):
                 assert 1 <= r["texts_per_run"] <= 32  # the Tandem service's /health counts its runs
+                assert r["padded_over_real_tokens"] >= 1 and 0 <= r["replayed"] <= 1  # and its tokens and replays
     assert f["ratios"] and all(finite_positive(v) for v in f["ratios"].values()), f["ratios"]
     assert "closed loop" in proc.stdout and "open loop" in proc.stdout
 

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="needs the models extra: pip install '.[models]'")
 
-from examples.minilm.model import column_ranges, row_chunks  # noqa: E402
+from examples.minilm.model import MiniLMEncoder, column_ranges, row_chunks  # noqa: E402
 from examples.minilm.weights import load_config, pack_weights  # noqa: E402
 
 from .conftest import MAX_ABS_DIFF, MIN_COSINE, cosine  # noqa: E402
@@ -112,6 +112,24 @@ def test_padding_does_not_change_an_embedding(minilm_encoder):
     for batch in (["Hello, world!", words(128)], [words(128), words(100), "Hello, world!"]):
         padded = minilm_encoder.encode(batch)[batch.index("Hello, world!")]
         assert cosine(padded, alone[0]) >= MIN_COSINE
+
+
+def test_runs_pad_to_a_multiple_of_seq_multiple_and_the_positions_added_change_nothing(minilm_encoder, request):
+    enc = minilm_encoder
+    assert enc.seq_multiple == 1 and enc.padded_length(13) == 13  # the default: exactly the longest
+    enc.seq_multiple = 8
+    request.addfinalizer(lambda: setattr(enc, "seq_multiple", 1))
+    assert [enc.padded_length(n) for n in (1, 8, 9, 15, 16, 17, 250, 255, 256)] == [8, 8, 16, 16, 16, 24, 256, 256, 256]
+    toks = enc.tokenize(["Is the station far?", "and a somewhat longer sentence about the old harbour and its boats"])
+    longest = max(len(t) for t in toks)
+    assert longest % 8  # so padding adds positions
+    ids, mask = enc.pad(toks)
+    assert ids.shape == mask.shape == (2, enc.padded_length(longest)) and mask.sum() == sum(len(t) for t in toks)
+    exact_ids, exact_mask = ids[:, :longest].copy(), mask[:, :longest].copy()
+    np.testing.assert_allclose(enc.runtime(ids, mask, enc.params), enc.runtime(exact_ids, exact_mask, enc.params),
+                               rtol=0, atol=MAX_ABS_DIFF)
+    with pytest.raises(ValueError, match="seq_multiple"):
+        MiniLMEncoder(seq_multiple=0)
 
 
 def test_encode_keeps_input_order_across_several_runs(minilm_encoder):

@@ -47,6 +47,10 @@ class FakeEncoder:
         self.runs.append(run)
         return run
 
+    @staticmethod
+    def padded_length(longest: int) -> int:
+        return longest
+
 
 def toks(*ids: int) -> list[np.ndarray]:
     return [np.array([i, 0], np.int32) for i in ids]

@@ -228,10 +228,20 @@ def test_the_api_key_guards_v1_and_never_shows(service, caplog):
     assert API_KEY not in caplog.text and wrong_token not in caplog.text
 
 
-def test_health_and_ready(app, service):
+def test_health_and_ready(app, service, minilm_encoder):
     health = httpx.get(f"{service}/health", timeout=60)
     assert health.status_code == 200 and health.json()["status"] == "ok" and health.json()["phase"] == "ready"
-    assert {"runs", "texts", "requests"} <= set(health.json())
+    body = health.json()
+    assert {"runs", "texts", "requests", "tokens", "padded_tokens"} <= set(body)
+    assert body["padded_tokens"] >= body["tokens"] >= body["texts"]
+    assert set(body["capture"]) == {"hits", "misses", "entries", "evictions"}
+    for texts in (["a question about capture"], ["a question about capture"]):  # the same shape twice
+        assert post(service, {"model": MODEL, "input": texts}).status_code == 200
+    after = httpx.get(f"{service}/health", timeout=60).json()
+    runs = after["runs"] - body["runs"]
+    assert runs == 2 and after["tokens"] - body["tokens"] == 2 * len(minilm_encoder.tokenize(texts)[0])
+    hits, misses = (after["capture"][k] - body["capture"][k] for k in ("hits", "misses"))
+    assert hits + misses == runs and hits >= 1  # each run recorded or replayed; the second replayed
     ready = httpx.get(f"{service}/ready", timeout=60)
     assert ready.status_code == 200 and ready.json() == {"status": "ready"}
 

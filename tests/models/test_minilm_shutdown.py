@@ -256,3 +256,12 @@ async def test_python_dash_m_drains_on_sigterm_and_exits_0(expected):
     assert key not in out, "the API key was logged"
     assert "Application shutdown complete" in out and "Finished server process" in out, out
     assert "Traceback" not in out and "ERROR" not in out, out
+
+
+def test_the_command_line_refuses_a_bad_option_before_loading_anything():
+    svc = ServiceProcess("--seq-multiple", "0", env={})
+    try:
+        assert svc.wait(STARTUP_S) == 2
+    finally:
+        svc.kill()
+    assert "--seq-multiple must be at least 1, got 0" in svc.output and "Uvicorn running" not in svc.output
