@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Generic, Mapping, TypeVar
 
 from engine import _native
 from engine.backend import CompletionSource, Launched, Lease, RunState, RunT
-from engine.binding import BoundCall, bind_call
+from engine.binding import BindCache, BoundCall
 from engine.errors import ClosedError, KernelError, RunCancelledError
 from engine.handles import InFlight, RunHandle
 from engine.memory import DeviceMemoryHandle
@@ -105,6 +105,7 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
         self._host_spans: list[HostSpan] | None = None  # while tracing
         self._slot_table: _native.SlotTable | None = None  # the lease state of the slots (set by the level)
         self._check_argument = self._check_tensor  # what binding checks a DeviceTensor argument with
+        self._binds = BindCache()  # calls shaped like an earlier one bind from what it derived
         self._capture: Capture | None = None  # recordings, when prepared with capture=True (engine.capture)
 
     # -- the level's part ------------------------------------------------------------------------
@@ -157,7 +158,7 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> "BoundCall | CachedBinding":
         """Checks one call's arguments against the signature (TypeError / ValueError before anything runs)."""
         self.check_open()
-        return bind_call(self._check_argument, self.program, args, kwargs, self.bounds)
+        return self._binds.bind(self._check_argument, self.program, args, kwargs, self.bounds)
 
     finish = staticmethod(finish_run)
 
@@ -264,6 +265,7 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
                         inflight.run.wait()
                         inflight.finish()
             self._teardown()
+            self._binds.clear()  # cached calls hold DeviceTensors, whose allocations hold this runtime
             self._closed = True
 
     def __enter__(self: _R) -> _R:

@@ -7,6 +7,7 @@ raises TypeError or ValueError and leaves the runtime untouched.
 from __future__ import annotations
 
 import sys
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Protocol
 
@@ -17,7 +18,7 @@ from engine.program import Param
 from engine.specs import Scalar, TensorSpec
 from engine.tensor import DeviceTensor
 
-__all__ = ["BoundArg", "BoundCall", "Signature", "bind_call"]
+__all__ = ["BindCache", "BoundArg", "BoundCall", "Signature", "bind_call", "call_signature"]
 
 
 class Signature(Protocol):
@@ -174,3 +175,128 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
         return bool(np.shares_memory(a, b, max_work=100_000))  # type: ignore[arg-type]  # numpy's stub: -1 or 0 only
     except _TooHardError:
         return True
+
+
+# -- the hit path: calls shaped like an earlier one ---------------------------------------------------------
+_SCALAR_TYPES = (int, float, bool)
+
+
+def _token(v: Any) -> Any:
+    """What binding's outcome depends on in one argument; None when the argument is not of a cached kind."""
+    t = type(v)
+    if t is DeviceTensor:
+        return v
+    if t is np.ndarray:
+        flags = v.flags
+        if not (flags.c_contiguous and flags.writeable):
+            return None
+        return (v.shape, v.dtype)
+    if t in _SCALAR_TYPES:
+        return t
+    return None
+
+
+def call_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | None:
+    """What binding's outcome depends on, and nothing it does not, or None for a call of other kinds.
+
+    The number of positional arguments and the keyword names in order; per
+    host array: exactly numpy.ndarray, its shape and dtype, C-contiguous and
+    writable (staged as it is: no copy, no write-back); per DeviceTensor: the
+    view itself (immutable; whether it is still alive is checked per call);
+    per scalar: its type (its value is checked per call by its spec).
+    """
+    tokens: list[Any] = []
+    for v in args:
+        tok = _token(v)
+        if tok is None:
+            return None
+        tokens.append(tok)
+    if kwargs:
+        for name, v in kwargs.items():
+            tok = _token(v)
+            if tok is None:
+                return None
+            tokens.append(name)
+            tokens.append(tok)
+    return (len(args), *tokens)
+
+
+class _Shape:
+    """What bind_call derived for one call signature: per parameter, how to bind its value again."""
+
+    __slots__ = ("params", "dims", "outputs")
+
+    def __init__(self, call: BoundCall, n_args: int, kw_names: tuple[str, ...]) -> None:
+        position = {name: n_args + k for k, name in enumerate(kw_names)}
+        # (parameter, its index in args + kwargs values or -1 where omitted, shape, kind)
+        self.params: list[tuple[Param, int, tuple[int, ...], str]] = []
+        for i, a in enumerate(call.args):
+            p = a.param
+            source = i if i < n_args else position.get(p.name, -1)
+            kind = ("scalar" if isinstance(p.spec, Scalar) else "omitted" if a.value is None
+                    else "device" if isinstance(a.value, DeviceTensor) else "host")
+            self.params.append((p, source, a.shape, kind))
+        self.dims = call.dims
+        self.outputs = call.outputs
+
+    def bind(self, check_tensor: Callable[[Any, str], None], flat: tuple[Any, ...]) -> BoundCall:
+        args: list[BoundArg] = []
+        for p, source, shape, kind in self.params:
+            if kind == "host":
+                v = flat[source]
+                args.append(BoundArg(p, v, shape, v))
+            elif kind == "scalar":
+                args.append(BoundArg(p, p.spec.check(p.name, flat[source])))
+            elif kind == "device":
+                v = flat[source]
+                check_tensor(v, f"parameter '{p.name}'")
+                args.append(BoundArg(p, v, shape))
+            else:
+                args.append(BoundArg(p, None, shape))
+        return BoundCall(args, dict(self.dims), False, self.outputs)
+
+
+class BindCache:
+    """bind_call with a memory: a call whose call_signature() was bound before binds from what that derived.
+
+    The checks that depend on the values themselves still run per call:
+    scalars through their specs, DeviceTensors for being alive and owned.
+    Not cached (every such call takes the full path): calls with other
+    kinds of arguments, arrays staged through a copy, and calls with two host
+    outputs or more (whether they share memory is checked per call).
+    """
+
+    def __init__(self, size: int = 64) -> None:
+        self._size = size
+        self._shapes: OrderedDict[tuple[Any, ...], _Shape] = OrderedDict()
+
+    def bind(self, check_tensor: Callable[[Any, str], None], prog: Signature, args: tuple[Any, ...],
+             kwargs: Mapping[str, Any], bounds: Mapping[str, int]) -> BoundCall:
+        sig = call_signature(args, kwargs)
+        if sig is not None:
+            shape = self._shapes.get(sig)
+            if shape is not None:
+                return shape.bind(check_tensor, args + tuple(kwargs.values()) if kwargs else args)
+        call = bind_call(check_tensor, prog, args, kwargs, bounds)
+        if sig is not None and _cacheable(call):
+            shapes = self._shapes
+            shapes[sig] = _Shape(call, len(args), tuple(kwargs))
+            if len(shapes) > self._size:
+                shapes.popitem(last=False)
+        return call
+
+    def clear(self) -> None:
+        self._shapes.clear()
+
+
+def _cacheable(call: BoundCall) -> bool:
+    host_outputs = 0
+    for a in call.args:
+        spec = a.param.spec
+        if not isinstance(spec, TensorSpec) or a.value is None or isinstance(a.value, DeviceTensor):
+            continue
+        if a.host is not a.value or a.writeback is not None:  # staged through a copy
+            return False
+        if spec.writes:
+            host_outputs += 1
+    return host_outputs <= 1 and not call.torch_kind

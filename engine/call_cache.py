@@ -7,17 +7,11 @@ and looking up the plan, each run anew though they come out the same when
 the call looks the same. This cache remembers, per *call signature*, what
 binding and launching a replayed call derived, and reuses it.
 
-The signature is what binding's outcome depends on, and nothing it does not:
-- the number of positional arguments and the keyword names, in order;
-- per host array: exactly numpy.ndarray, its shape and dtype, and whether it
-  is C-contiguous and writable (only such arrays are cached: they are staged
-  as they are, with no copy and no write-back);
-- per DeviceTensor: the tensor object itself (a view is immutable: its
-  allocation, offset, shape and strides never change), re-checked per call
-  for having been freed;
-- per Scalar: the value's type; the value is checked per call by the
-  parameter's spec, as binding does, and goes to the capture key lookup,
-  which bakes in the values the orchestration read and patches the others.
+The signature is engine.binding.call_signature's (what binding's outcome
+depends on: argument kinds, array shapes and dtypes, resident tensors, scalar
+types). Per call, resident tensors are re-checked for having been freed and
+Scalar values are checked by their specs and go to the capture key lookup,
+which bakes in the values the orchestration read and patches the others.
 
 Anything else (torch tensors, other array types, two host outputs that could
 overlap, a key no longer recorded, tracing on) takes the full path, which
@@ -32,9 +26,8 @@ from __future__ import annotations
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
-import numpy as np
 
-from engine.binding import BoundCall
+from engine.binding import BoundCall, call_signature
 from engine.specs import Scalar, TensorSpec
 from engine.tensor import DeviceTensor
 
@@ -47,42 +40,6 @@ if TYPE_CHECKING:
 __all__ = ["CallCache", "CachedBinding", "CachedCall"]
 
 REPLAYS = 64  # per signature: (slot, Scalar values) -> the recording replayed and its plan there
-
-_SCALAR_TYPES = (int, float, bool)
-
-
-def _token(v: Any) -> Any:
-    """What binding's outcome depends on in one argument; None when the argument is not cached."""
-    t = type(v)
-    if t is DeviceTensor:
-        return v
-    if t is np.ndarray:
-        flags = v.flags
-        if not (flags.c_contiguous and flags.writeable):
-            return None
-        return (v.shape, v.dtype)
-    if t in _SCALAR_TYPES:
-        return t
-    return None
-
-
-def signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """The call's signature, or None when an argument is of a kind this cache does not take."""
-    tokens: list[Any] = []
-    for v in args:
-        tok = _token(v)
-        if tok is None:
-            return None
-        tokens.append(tok)
-    if kwargs:
-        for name, v in kwargs.items():
-            tok = _token(v)
-            if tok is None:
-                return None
-            tokens.append(name)
-            tokens.append(tok)
-    return (len(args), *tokens)
-
 
 class CachedCall:
     """What binding and launching one call signature derived: reused by every call with that signature."""
@@ -172,7 +129,7 @@ class CallCache:
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> "CachedBinding | tuple[Any, ...] | None":
         """A CachedBinding when the call matches a cached signature whose checks pass; else the call's
         signature to learn after the full path (None: not cacheable)."""
-        sig = signature(args, kwargs)
+        sig = call_signature(args, kwargs)
         if sig is None:
             return None
         entry = self._entries.get(sig)
