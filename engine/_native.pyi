@@ -12,7 +12,7 @@ binding leaves unnamed (arg0 in pybind11's signature) are positional-only.
 """
 
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar, Final, SupportsFloat, SupportsIndex, TypeVar, overload
+from typing import Any, Final, SupportsFloat, SupportsIndex, TypeVar, overload
 
 import numpy as np
 from typing_extensions import Buffer as _BufferProtocol, TypeAlias

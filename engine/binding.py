@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from collections import OrderedDict
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -18,7 +18,8 @@ from engine.program import Param
 from engine.specs import Scalar, TensorSpec
 from engine.tensor import DeviceTensor
 
-__all__ = ["BindCache", "BoundArg", "BoundCall", "Signature", "bind_call", "call_signature"]
+__all__ = ["BindCache", "BoundArg", "BoundCall", "Signature", "argument_sources", "bind_call", "binds_as_is",
+           "call_signature"]
 
 
 class Signature(Protocol):
@@ -227,12 +228,11 @@ class _Shape:
     __slots__ = ("params", "dims", "outputs")
 
     def __init__(self, call: BoundCall, n_args: int, kw_names: tuple[str, ...]) -> None:
-        position = {name: n_args + k for k, name in enumerate(kw_names)}
         # (parameter, its index in args + kwargs values or -1 where omitted, shape, kind)
         self.params: list[tuple[Param, int, tuple[int, ...], str]] = []
-        for i, a in enumerate(call.args):
+        sources = argument_sources([a.param for a in call.args], n_args, kw_names)
+        for a, source in zip(call.args, sources):
             p = a.param
-            source = i if i < n_args else position.get(p.name, -1)
             kind = ("scalar" if isinstance(p.spec, Scalar) else "omitted" if a.value is None
                     else "device" if isinstance(a.value, DeviceTensor) else "host")
             self.params.append((p, source, a.shape, kind))
@@ -278,7 +278,7 @@ class BindCache:
             if shape is not None:
                 return shape.bind(check_tensor, args + tuple(kwargs.values()) if kwargs else args)
         call = bind_call(check_tensor, prog, args, kwargs, bounds)
-        if sig is not None and _cacheable(call):
+        if sig is not None and binds_as_is(call):
             shapes = self._shapes
             shapes[sig] = _Shape(call, len(args), tuple(kwargs))
             if len(shapes) > self._size:
@@ -289,7 +289,17 @@ class BindCache:
         self._shapes.clear()
 
 
-def _cacheable(call: BoundCall) -> bool:
+def argument_sources(params: Sequence[Param], n_args: int, kw_names: Sequence[str]) -> list[int]:
+    """Per parameter, its index in a call's args followed by its kwargs values (keyword names in
+    kw_names' order); -1 where it was omitted."""
+    position = {name: n_args + k for k, name in enumerate(kw_names)}
+    return [i if i < n_args else position.get(p.name, -1) for i, p in enumerate(params)]
+
+
+def binds_as_is(call: BoundCall) -> bool:
+    """Whether another call with the same call_signature() binds to the same outcome: every host array is
+    staged as it is (no copy, no write-back) and at most one is an output (whether two share memory is
+    checked per call)."""
     host_outputs = 0
     for a in call.args:
         spec = a.param.spec

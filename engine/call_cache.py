@@ -27,7 +27,7 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 
-from engine.binding import BoundCall, call_signature
+from engine.binding import BoundCall, argument_sources, binds_as_is, call_signature
 from engine.specs import Scalar, TensorSpec
 from engine.tensor import DeviceTensor
 
@@ -147,16 +147,15 @@ class CallCache:
     def learn(self, sig: tuple[Any, ...], call: BoundCall, n_args: int, kw_names: Sequence[str],
               device_args: list[tuple[int, DeviceTensor]], base_key: tuple[Any, ...]) -> None:
         """Remembers a call that bound and replayed through the full path."""
+        if not binds_as_is(call):  # another call like it might not bind the same: never cached
+            return
         params = self._program.params
-        position = {name: n_args + k for k, name in enumerate(kw_names)}
-        sources: list[int] = []
+        sources = argument_sources(params, n_args, kw_names)
         scalars: list[tuple[int, Scalar, str]] = []
         hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]] = []
         outputs: list[tuple[str, Any]] = []
-        host_outputs = 0
         for i, (p, a) in enumerate(zip(params, call.args)):
             spec = p.spec
-            sources.append(i if i < n_args else position.get(p.name, -1))
             if isinstance(spec, Scalar):
                 scalars.append((i, spec, p.name))
                 continue
@@ -166,19 +165,12 @@ class CallCache:
                 if spec.writes:
                     outputs.append(("device", value))
                 continue
-            if value is not None:
-                if a.host is not value or a.writeback is not None:  # staged through a copy: not cached
-                    return
-                if spec.writes:
-                    host_outputs += 1
             if spec.writes:
                 outputs.append(("host", len(hosts)))
             nbytes = spec.dtype.itemsize
             for d in a.shape:
                 nbytes *= d
             hosts.append((i, p.name, a.shape, spec.dtype.numpy, nbytes, spec.reads, spec.writes, value is not None))
-        if host_outputs > 1:  # binding checks that given outputs do not overlap: per call, not cached
-            return
         entries = self._entries
         entries[sig] = CachedCall(sources, scalars, hosts, outputs, device_args, base_key)
         if len(entries) > self._size:

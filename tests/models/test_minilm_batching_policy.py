@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from examples.minilm.batching import MicroBatcher
-from tests.models.test_minilm_batching import FakeEncoder
+from tests.models.test_minilm_batching import FakeEncoder, start
 
 pytestmark = pytest.mark.anyio
 
@@ -33,8 +33,7 @@ async def finish(enc: FakeEncoder, k: int) -> None:
 async def test_waiting_requests_are_cut_into_runs_by_length_when_slots_are_free():
     enc = FakeEncoder(max_batch=8)
     async with anyio.create_task_group() as tg:
-        batcher = MicroBatcher(enc, window_s=3600.0, depth=2)
-        await tg.start(batcher.run)
+        batcher = await start(tg, enc, 3600.0)
         # Eight texts fill a run's worth: the window ends, both slots are free.
         for i, length in ((1, 200), (2, 8), (3, 190), (4, 6), (5, 7), (6, 180), (7, 9), (8, 5)):
             await ask(tg, batcher, text(i, length))
@@ -51,8 +50,7 @@ async def test_waiting_requests_are_cut_into_runs_by_length_when_slots_are_free(
 async def test_texts_of_one_length_stay_in_one_run():
     enc = FakeEncoder(max_batch=4)
     async with anyio.create_task_group() as tg:
-        batcher = MicroBatcher(enc, window_s=3600.0, depth=2)
-        await tg.start(batcher.run)
+        batcher = await start(tg, enc, 3600.0)
         for i in range(1, 5):
             await ask(tg, batcher, text(i, 12))
         assert [r.tokens for r in enc.runs] == [[1, 2, 3, 4]]  # a second run would only add its fixed cost
@@ -60,19 +58,20 @@ async def test_texts_of_one_length_stay_in_one_run():
         tg.cancel_scope.cancel()
 
 
-async def learn_a_run_takes(enc: FakeEncoder, batcher: MicroBatcher, tg: Any, seconds: float) -> None:
-    """One run of one 10-token text that takes `seconds`: the batcher's estimate of what a run costs."""
+async def start_learned(tg: Any, enc: FakeEncoder, seconds: float) -> MicroBatcher:
+    """A batcher (no window, depth 2) that has run one 10-token text taking `seconds`: its estimate of what a
+    run costs."""
+    batcher = await start(tg, enc, 0.0)
     await ask(tg, batcher, text(1, 10))
     await anyio.sleep(seconds)
     await finish(enc, 0)
+    return batcher
 
 
 async def test_a_partial_run_is_held_while_another_is_in_flight():
     enc = FakeEncoder(max_batch=8)
     async with anyio.create_task_group() as tg:
-        batcher = MicroBatcher(enc, window_s=0.0, depth=2)
-        await tg.start(batcher.run)
-        await learn_a_run_takes(enc, batcher, tg, 0.5)  # long enough for the steps below to fit in a hold
+        batcher = await start_learned(tg, enc, 0.5)  # long enough for the steps below to fit in a hold
         await ask(tg, batcher, text(2, 10))  # the device is idle: out at once
         assert [r.tokens for r in enc.runs] == [[1], [2]]
         for i in (3, 4, 5):  # a slot is free, but a run is in flight and these would not fill one
@@ -87,9 +86,7 @@ async def test_a_partial_run_is_held_while_another_is_in_flight():
 async def test_a_held_run_goes_once_the_run_in_flight_is_overdue():
     enc = FakeEncoder(max_batch=8)
     async with anyio.create_task_group() as tg:
-        batcher = MicroBatcher(enc, window_s=0.0, depth=2)
-        await tg.start(batcher.run)
-        await learn_a_run_takes(enc, batcher, tg, 0.3)
+        batcher = await start_learned(tg, enc, 0.3)
         await ask(tg, batcher, text(2, 10))  # in flight, and it never finishes
         await ask(tg, batcher, text(3, 10))
         assert len(enc.runs) == 2  # held ...
@@ -105,9 +102,7 @@ async def test_a_held_run_goes_once_the_run_in_flight_is_overdue():
 async def test_with_one_slot_free_the_first_requests_length_group_goes_and_the_rest_waits_its_turn():
     enc = FakeEncoder(max_batch=4)
     async with anyio.create_task_group() as tg:
-        batcher = MicroBatcher(enc, window_s=0.0, depth=2)
-        await tg.start(batcher.run)
-        await learn_a_run_takes(enc, batcher, tg, 0.5)
+        batcher = await start_learned(tg, enc, 0.5)
         await ask(tg, batcher, text(2, 10))  # the device is idle: out at once, into one slot
         for i, length in ((3, 6), (4, 200), (5, 7), (6, 190)):  # held until they fill a run
             await ask(tg, batcher, text(i, length))
