@@ -39,18 +39,17 @@ if TYPE_CHECKING:
 
 __all__ = ["CallCache", "CachedBinding", "CachedCall"]
 
-REPLAYS = 64  # per signature: (slot, Scalar values) -> the recording replayed and its plan there
 
 class CachedCall:
     """What binding and launching one call signature derived: reused by every call with that signature."""
 
     __slots__ = ("sources", "scalars", "hosts", "outputs", "device_args", "base_key", "_addrs",
-                 "_copy_backs", "_replays")
+                 "_copy_backs", "_replays", "_replays_limit")
 
     def __init__(self, sources: list[int], scalars: list[tuple[int, Scalar, str]],
                  hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]],
                  outputs: list[tuple[str, Any]], device_args: list[tuple[int, DeviceTensor]],
-                 base_key: tuple[Any, ...]) -> None:
+                 base_key: tuple[Any, ...], replays_limit: int) -> None:
         self.sources = sources  # per parameter: its index in args + kwargs values, -1 where omitted
         self.scalars = scalars  # (parameter index, spec, name)
         # (parameter index, name, shape, numpy dtype, nbytes, reads, writes, given): given False for an
@@ -65,6 +64,9 @@ class CachedCall:
         # (slot index, the Scalar values) -> (recording, its plan on that slot), for recordings without scalar
         # patches: valid while the capture table still holds the recording (Capture.rehit checks)
         self._replays: dict[tuple[Any, ...], tuple["Recorded", "_native.ReplayPlan"]] = {}
+        # One signature replays at most the runtime's capture_limit recordings on each of its slots (a decoder
+        # step: one per position); beyond that its Scalar values keep changing, and the table starts over.
+        self._replays_limit = replays_limit
 
     def replay_key(self, slot_index: int, values: list[Any]) -> tuple[Any, ...]:
         key: list[Any] = [slot_index]
@@ -78,7 +80,7 @@ class CachedCall:
 
     def remember(self, key: tuple[Any, ...], recorded: "Recorded", plan: "_native.ReplayPlan") -> None:
         replays = self._replays
-        if len(replays) >= REPLAYS:  # Scalar values that keep changing: start over
+        if len(replays) >= self._replays_limit:
             replays.clear()
         replays[key] = (recorded, plan)
 
@@ -117,10 +119,11 @@ class CachedBinding:
 class CallCache:
     """A captured runtime's call signatures and what each derived."""
 
-    def __init__(self, program: "Program", capture: "Capture", size: int) -> None:
+    def __init__(self, program: "Program", capture: "Capture", size: int, slots: int) -> None:
         self._program = program
         self._capture = capture
         self._size = size
+        self._replays_limit = size * slots
         self._entries: OrderedDict[tuple[Any, ...], CachedCall] = OrderedDict()
 
     def clear(self) -> None:
@@ -172,6 +175,7 @@ class CallCache:
                 nbytes *= d
             hosts.append((i, p.name, a.shape, spec.dtype.numpy, nbytes, spec.reads, spec.writes, value is not None))
         entries = self._entries
-        entries[sig] = CachedCall(sources, scalars, hosts, outputs, device_args, base_key)
+        entries[sig] = CachedCall(sources, scalars, hosts, outputs, device_args, base_key,
+                                  self._replays_limit)
         if len(entries) > self._size:
             entries.popitem(last=False)

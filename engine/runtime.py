@@ -79,7 +79,7 @@ class Runtime(BaseRuntime["_native.Run"]):
             self.scratch_bytes: int = scratch_bytes
             if capture:
                 self._capture = Capture(prog, capture_limit)
-                self._calls = CallCache(prog, self._capture, capture_limit)
+                self._calls = CallCache(prog, self._capture, capture_limit, self.depth)
         except BaseException:
             self._teardown()
             raise

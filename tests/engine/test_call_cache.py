@@ -134,6 +134,30 @@ def test_read_scalars_find_their_own_recording_on_the_cached_path(prepared):
     assert stats["hits"] + stats["misses"] == 24
 
 
+def test_a_signature_remembers_a_replay_per_read_value_and_slot_up_to_what_the_capture_table_holds(prepared):
+    # A decoder step reads its position: one signature, one recording per position, replayed on each slot.
+    # Every (slot, value) is remembered, up to capture_limit x depth, so none is looked up again.
+    limit = 80
+    rt = prepared(steps, depth=2, capture=True, capture_limit=limit)
+    x = f32(8)
+    ks = list(range(70))
+
+    def run_all() -> None:
+        handles = [(k, rt.submit(x, k=k)) for k in ks]  # pipelined: runs take turns on the two slots
+        for k, h in handles:
+            np.testing.assert_allclose(h.result(), x * 2.0 ** k, rtol=1e-6)
+
+    for _ in range(3):  # record, learn the signature, remember each (slot, k)
+        run_all()
+    entry = next(iter(rt._calls._entries.values()))
+    assert len(entry._replays) > 64
+    lookups = []
+    lookup = rt._capture.lookup
+    rt._capture.lookup = lambda *a: lookups.append(a) or lookup(*a)
+    run_all()
+    assert not lookups
+
+
 def test_an_evicted_or_replaced_recording_is_never_replayed_from_the_cache(prepared):
     rt = prepared(mlp, bounds={"B": 16}, capture=True, capture_limit=1)
     w = f32(8, 8)
