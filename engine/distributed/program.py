@@ -90,8 +90,9 @@ class DistributedProgram(ProgramBase):
                 capture: bool = False) -> "DistributedRuntime":
         """Starts `workers` chip-worker processes once, registers every sub-program, returns the runtime.
 
-        worker_threads: pool threads per worker (default: the cores divided
-        among the workers). memory_limit: device bytes per worker.
+        worker_threads: executors per worker, its serving thread and
+        worker_threads - 1 pool threads (default: the cores divided among the
+        workers). memory_limit: device bytes per worker.
         scratch_bytes: shared scratch per slot for orch.scratch() (default:
         measured by a planning pass at the bounds). start_method: "spawn" or
         "forkserver" (never fork: the host has threads). transport: how

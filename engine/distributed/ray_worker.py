@@ -98,8 +98,12 @@ class ChipActor:
                 replies.append((done, ()))
         fd = host.notifier_fd
         while waiting:
-            select.select([fd], [], [])
-            for done in host.completed():
+            host.run_queued()  # this thread is one of the worker's executors (see worker.serve)
+            completed = host.completed()
+            if not completed:  # the rest is on the pool threads: they announce each run they complete
+                select.select([fd], [], [])
+                continue
+            for done in completed:
                 msg = waiting.pop(done.seq)
                 writes: tuple[tuple[int, np.ndarray], ...] = ()
                 if done.error is None:

@@ -67,28 +67,37 @@ def main(conn: connection.Connection) -> None:
 
 
 def serve(conn: connection.Connection, host: "ChipHost") -> None:
-    """Requests in, completions out, until Stop or the host hangs up."""
+    """Requests in, completions out, until Stop or the host hangs up.
+
+    This thread is one of the worker's executors (ChipHost's engine is
+    caller_runs): it orchestrates every message waiting, then runs the queued
+    tasks itself until a message arrives, and reports what completed. A run
+    on a one-thread worker so starts and finishes here, with no cross-thread
+    wake-up; it sleeps only with nothing queued, until a message comes or a
+    pool thread (threads > 1) completes a run.
+    """
     fd = host.notifier_fd
+    conn_fd = conn.fileno()
     sel = selectors.DefaultSelector()  # registered once: each wake-up is one poll
     sel.register(conn, selectors.EVENT_READ)
     sel.register(fd, selectors.EVENT_READ)
     try:
         while True:
-            for key, _ in sel.select():
-                if key.fileobj == fd:
-                    for done in host.completed():
-                        conn.send_bytes(encode(done))
-                    continue
-                try:
-                    while conn.poll():
-                        msg = decode(conn.recv_bytes())
-                        if isinstance(msg, Stop):
-                            return
-                        reply = host.handle(msg)
-                        if reply is not None:
-                            conn.send_bytes(encode(reply))
-                except (EOFError, OSError):
-                    return
+            try:
+                while conn.poll():
+                    msg = decode(conn.recv_bytes())
+                    if isinstance(msg, Stop):
+                        return
+                    reply = host.handle(msg)
+                    if reply is not None:
+                        conn.send_bytes(encode(reply))
+            except (EOFError, OSError):
+                return
+            host.run_queued(conn_fd)
+            for done in host.completed():
+                conn.send_bytes(encode(done))
+            if not host.queued_tasks:  # else a message interrupted the tasks: read it, then go on
+                sel.select()
     finally:
         sel.close()
 
@@ -116,7 +125,8 @@ class ChipHost:
     def __init__(self, setup: Setup, local_regions: bool = False) -> None:
         self._local_regions = local_regions
         self._device = _native.Device(setup.memory_limit)
-        self._engine: Any = _native.Engine(self._device, setup.threads)
+        # The serving thread is an executor too: a worker of `threads` starts threads - 1 pool threads.
+        self._engine: Any = _native.Engine(self._device, setup.threads, caller_runs=True)
         self.clock_offset_ns = time.monotonic_ns() - self._engine.now_ns()
         self._port = TaskPort(self, self._engine, self._engine.workers, no_callbacks=NO_HOST_CALLBACKS)
         self._allocs: dict[int, Allocation] = {}  # resident tensors and buffers, by device id
@@ -138,6 +148,14 @@ class ChipHost:
     @property
     def notifier_fd(self) -> int:
         return self._engine.notifier_fd
+
+    @property
+    def queued_tasks(self) -> int:
+        return self._engine.queued_tasks
+
+    def run_queued(self, stop_fd: int = -1) -> int:
+        """Runs queued tasks on this thread until none is queued or stop_fd is readable; how many ran."""
+        return self._engine.run_queued(stop_fd)
 
     def engine_now_ns(self) -> int:
         """The clock of this worker's run timestamps."""

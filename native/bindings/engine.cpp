@@ -254,10 +254,15 @@ void bind_engine(py::module_& m) {
           "(failure or None, cancelled) of a completed run: what finishing it needs, in one call");
 
   py::class_<Engine, std::shared_ptr<Engine>>(m, "Engine", "Worker pool, task graph and notifier of one runtime")
-      .def(py::init<std::shared_ptr<Device>, int, int>(), py::arg("device"), py::arg("workers") = 0,
-           py::arg("spin_us") = Engine::kDefaultSpinUs)
+      .def(py::init<std::shared_ptr<Device>, int, int, bool>(), py::arg("device"), py::arg("workers") = 0,
+           py::arg("spin_us") = Engine::kDefaultSpinUs, py::arg("caller_runs") = false)
       .def_property_readonly("device", &Engine::device)
       .def_property_readonly("workers", &Engine::workers)
+      .def_property_readonly("caller_runs", &Engine::caller_runs)
+      .def_property_readonly("queued_tasks", &Engine::queued_tasks)
+      .def("run_queued", &Engine::run_queued_until_readable, py::arg("stop_fd") = -1,
+           py::call_guard<py::gil_scoped_release>(),
+           "Runs queued tasks on this thread until none is queued or stop_fd is readable; how many ran")
       .def_property_readonly("closed", &Engine::closed)
       .def_property_readonly("notifier_fd", [](Engine& e) { return e.notifier().fd(); })
       .def("now_ns", &Engine::now_ns)

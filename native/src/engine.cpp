@@ -2,6 +2,8 @@
 
 #include "tandem/capture.hpp"
 
+#include <poll.h>
+
 #include <algorithm>
 #include <iterator>
 #include <string_view>
@@ -27,12 +29,13 @@ uint64_t byte_extent_check(const TensorArg& a) {
 }
 }  // namespace
 
-Engine::Engine(std::shared_ptr<Device> device, int workers, int spin_us)
-    : device_(std::move(device)), epoch_(std::chrono::steady_clock::now()) {
+Engine::Engine(std::shared_ptr<Device> device, int workers, int spin_us, bool caller_runs)
+    : device_(std::move(device)), epoch_(std::chrono::steady_clock::now()), caller_runs_(caller_runs) {
   if (!device_) throw InvalidArgument("an engine needs a device");
   if (spin_us < 0) throw InvalidArgument("spin_us must be >= 0");
   register_builtin_kernels(registry_);
-  pool_ = std::make_unique<WorkerPool>(workers > 0 ? workers : default_workers(), *this,
+  const int executors = workers > 0 ? workers : default_workers();
+  pool_ = std::make_unique<WorkerPool>(caller_runs ? executors - 1 : executors, *this,
                                        std::chrono::microseconds(spin_us));
 }
 
@@ -385,11 +388,48 @@ void Engine::help(Run& run, std::chrono::steady_clock::time_point deadline) {
     if (run.done() || closed_.load(std::memory_order_acquire)) return;
     ++helpers_;
   }
-  pool_->help_until([&run] { return run.announced(); }, [&run](const Task* t) { return t->run == &run; }, deadline,
-                    -1);
+  // On a caller_runs engine the run may wait for another run's queued tasks that no pool thread will take.
+  const Run* own = caller_runs_ ? nullptr : &run;
+  pool_->help_until([&run] { return run.announced(); },
+                    [own](const Task* t) { return own == nullptr || t->run == own; }, deadline, -1);
   std::lock_guard<std::mutex> lock(live_mu_);
   --helpers_;
   live_cv_.notify_all();  // under the lock, as in finish_run
+}
+
+size_t Engine::run_queued(const std::function<bool()>& interrupt) {
+  {
+    std::lock_guard<std::mutex> lock(live_mu_);  // counted in, as in help(): close() waits for us to leave
+    if (closed_.load(std::memory_order_acquire)) return 0;
+    ++helpers_;
+  }
+  size_t ran = 0;
+  try {
+    ran = pool_->run_queued(interrupt, -1);
+  } catch (...) {
+    std::lock_guard<std::mutex> lock(live_mu_);
+    --helpers_;
+    live_cv_.notify_all();
+    throw;
+  }
+  std::lock_guard<std::mutex> lock(live_mu_);
+  --helpers_;
+  live_cv_.notify_all();
+  return ran;
+}
+
+size_t Engine::run_queued_until_readable(int stop_fd) {
+  if (stop_fd < 0) return run_queued([] { return false; });
+  using Clock = std::chrono::steady_clock;
+  constexpr auto kEvery = std::chrono::microseconds(20);  // a poll() is a syscall: not between every small task
+  Clock::time_point next = Clock::now() + kEvery;
+  return run_queued([&] {
+    const Clock::time_point now = Clock::now();
+    if (now < next) return false;
+    next = now + kEvery;
+    pollfd p{stop_fd, POLLIN, 0};
+    return ::poll(&p, 1, 0) > 0;
+  });
 }
 
 std::shared_ptr<Run> Engine::find_live(uint64_t id) {
@@ -432,9 +472,18 @@ void Engine::close(bool cancel_pending) {
     seal(*run);  // an orchestration cut short by close still completes
   }
   runs.clear();
-  {
+  const auto drained = [this] { return unfinished_ == 0 && helpers_ == 0; };
+  if (caller_runs_) {
+    // What is queued runs here (cancelled runs skip their tasks): no pool thread may be left to take it.
+    const auto never = [] { return false; };
+    for (;;) {
+      pool_->run_queued(never, -1);
+      std::unique_lock<std::mutex> lock(live_mu_);
+      if (live_cv_.wait_for(lock, std::chrono::milliseconds(1), drained)) break;
+    }
+  } else {
     std::unique_lock<std::mutex> lock(live_mu_);
-    live_cv_.wait(lock, [this] { return unfinished_ == 0 && helpers_ == 0; });
+    live_cv_.wait(lock, drained);
   }
   if (pool_) pool_->stop();
   {

@@ -136,6 +136,23 @@ bool WorkerPool::help_until(const std::function<bool()>& done, const std::functi
   }
 }
 
+size_t WorkerPool::run_queued(const std::function<bool()>& interrupt, int index) {
+  const auto any = [](const Task*) { return true; };
+  size_t ran = 0;
+  while (!interrupt()) {
+    Task* t = try_pop_if(any);
+    if (t == nullptr) break;
+    // A task's first ready dependent comes back to run here, as on a worker; asked to stop,
+    // the thread queues it for whoever runs next.
+    do {
+      t = runner_.run_task(t, index);
+      ++ran;
+    } while (t != nullptr && !interrupt());
+    if (t != nullptr) push(t);
+  }
+  return ran;
+}
+
 void WorkerPool::wake_helpers() {
   {
     std::lock_guard<std::mutex> lock(mu_);

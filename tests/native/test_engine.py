@@ -560,3 +560,78 @@ def test_a_sealed_run_records_its_kind_and_ordered_timings_in_its_log(eng, kerne
     # A run sealed already keeps what it had: a second seal_logged neither counts nor records it again.
     eng.seal_logged(done, log, t0, 0)
     assert log.counts() == (3, 1, 1, 1)
+
+
+# -- caller_runs: the driving thread is one of the executors (a chip worker's serving thread) ----------------
+def test_a_caller_runs_engine_has_one_pool_thread_fewer_and_runs_queued_tasks_on_the_caller(device):
+    e = _native.Engine(device, 1, caller_runs=True)
+    try:
+        assert e.caller_runs and e.workers == 1 and e.stats()["workers"] == 0  # no thread of its own
+        buf = device.alloc(64)
+        ran_on = []
+        host = e.register_host_kernel("where", lambda *arrays: ran_on.append(threading.get_ident()))
+        run = e.begin_run()
+        e.submit(run, e.kernel("fill"), [arg(buf)], [WRITE], [3.0])
+        e.submit(run, host, [arg(buf)], [READ])
+        e.seal(run)
+        time.sleep(0.05)
+        assert not run.done and e.queued_tasks == 1  # nobody else runs them: the fill waits in the queue
+        assert e.run_queued() == 2  # the fill, then its dependent, handed straight to the same thread
+        assert run.done and e.queued_tasks == 0 and ran_on == [threading.get_ident()]
+        np.testing.assert_array_equal(read_vec(device, buf), np.full(16, 3.0, np.float32))
+    finally:
+        e.close()
+
+
+def test_run_queued_stops_between_tasks_once_its_fd_is_readable(device):
+    e = _native.Engine(device, 1, caller_runs=True)
+    r, w = os.pipe()
+    try:
+        bufs = [device.alloc(64) for _ in range(5)]
+        runs = []
+        for buf in bufs:  # independent runs: all five are queued at once
+            run = e.begin_run()
+            e.submit(run, e.kernel("spin"), [arg(buf)], [READWRITE], [2_000_000])
+            e.seal(run)
+            runs.append(run)
+        os.write(w, b"x")  # a message is waiting: one task, then back to the caller
+        assert e.run_queued(r) == 1 and e.queued_tasks == 4
+        assert sum(run.done for run in runs) == 1
+        assert e.run_queued() == 4 and all(run.done for run in runs)
+    finally:
+        os.close(r)
+        os.close(w)
+        e.close()
+
+
+def test_a_waiter_on_a_caller_runs_engine_runs_the_other_runs_tasks_its_run_waits_for(device):
+    e = _native.Engine(device, 1, caller_runs=True)
+    try:
+        buf, out = device.alloc(64), device.alloc(64)
+        first, second = e.begin_run(), e.begin_run()
+        e.submit(first, e.kernel("fill"), [arg(buf)], [WRITE], [5.0])
+        e.submit(second, e.kernel("copy"), [arg(buf), arg(out)], [READ, WRITE])  # after first's write
+        e.seal(second)
+        e.seal(first)
+        assert second.wait(10)  # no pool thread: the waiter itself runs first's fill, then the copy
+        assert first.done
+        np.testing.assert_array_equal(read_vec(device, out), np.full(16, 5.0, np.float32))
+    finally:
+        e.close()
+
+
+@pytest.mark.parametrize("cancel", [False, True])
+def test_closing_a_caller_runs_engine_runs_or_skips_what_is_queued(device, cancel):
+    e = _native.Engine(device, 1, caller_runs=True)
+    buf = device.alloc(64)
+    runs = []
+    for _ in range(10):
+        run = e.begin_run()
+        e.submit(run, e.kernel("spin"), [arg(buf)], [READWRITE], [100_000])
+        e.seal(run)
+        runs.append(run)
+    e.close(cancel)  # no pool thread would ever take them: close runs (or skips) them itself
+    assert all(run.done for run in runs) and all(run.cancelled == cancel for run in runs)
+    stats = e.stats()
+    assert stats["runs_live"] == 0 and stats["tasks_executed" if not cancel else "tasks_skipped"] == 10
+    assert e.run_queued() == 0  # closed: nothing to run, and no error

@@ -65,8 +65,12 @@ class Engine final : public TaskRunner {
  public:
   // workers <= 0: one per core. spin_us: how long idle workers poll for
   // work before sleeping (lower it when other processes share the cores).
+  // caller_runs: the thread that drives the engine is one of its `workers`:
+  // the pool starts workers - 1 threads, and the driver runs queued tasks
+  // itself (run_queued) when it has nothing else to do; a waiter (Run::wait,
+  // quiesce) and close() then run any run's queued tasks, as nobody else may.
   static constexpr int kDefaultSpinUs = 200;
-  Engine(std::shared_ptr<Device> device, int workers, int spin_us = kDefaultSpinUs);
+  Engine(std::shared_ptr<Device> device, int workers, int spin_us = kDefaultSpinUs, bool caller_runs = false);
   ~Engine() override;  // close(true)
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -74,7 +78,9 @@ class Engine final : public TaskRunner {
   const std::shared_ptr<Device>& device() const { return device_; }
   KernelRegistry& registry() { return registry_; }
   Notifier& notifier() { return notifier_; }
-  int workers() const { return pool_->size(); }
+  int workers() const { return pool_->size() + (caller_runs_ ? 1 : 0); }
+  bool caller_runs() const { return caller_runs_; }
+  size_t queued_tasks() const { return pool_->queued(); }
   int64_t now_ns() const;
 
   // Runs. notify: push the run's id to the notifier when it completes.
@@ -96,6 +102,13 @@ class Engine final : public TaskRunner {
   // the run it waits for is done. Returns at once for a run done already or a
   // closed engine. Run::wait calls it.
   void help(Run& run, std::chrono::steady_clock::time_point deadline);
+  // The driving thread of a caller_runs engine runs queued tasks (of any
+  // run) until none is queued or `interrupt()`, asked between tasks, is true.
+  // Returns how many ran; 0 on a closed engine.
+  size_t run_queued(const std::function<bool()>& interrupt);
+  // The same, interrupted once `stop_fd` is readable (a message for the
+  // driver; polled at most every 20 us between tasks; -1: never).
+  size_t run_queued_until_readable(int stop_fd);
   // Enters a task into the graph; it may start at once. Throws ClosedError
   // after close(), InvalidArgument for a sealed run or bad arguments.
   void submit(Run& run, KernelPtr kernel, std::vector<TensorArg> tensors, std::vector<int32_t> access,
@@ -184,6 +197,7 @@ class Engine final : public TaskRunner {
   std::condition_variable live_cv_;
   std::unordered_map<uint64_t, std::shared_ptr<Run>> live_;
   size_t unfinished_ = 0;  // runs begun and not through Run::finish: live_ plus those finishing
+  const bool caller_runs_;
   size_t helpers_ = 0;     // threads inside help(): close() waits for them to leave
   uint64_t next_run_id_ = 1;
 

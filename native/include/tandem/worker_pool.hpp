@@ -44,6 +44,12 @@ class WorkerPool {
   // Returns done().
   bool help_until(const std::function<bool()>& done, const std::function<bool(const Task*)>& mine,
                   std::chrono::steady_clock::time_point deadline, int index);
+  // Runs queued tasks of any run on the calling thread (as worker `index`)
+  // until none is queued or `interrupt()` (asked between tasks) is true.
+  // Returns how many it ran. For a thread that drives the engine and has
+  // nothing else to do until its next message: its runs start and finish
+  // without a cross-thread wake-up.
+  size_t run_queued(const std::function<bool()>& interrupt, int index);
   // Wakes sleeping helpers to re-check their condition; call it after the
   // condition turned true.
   void wake_helpers();
