@@ -32,7 +32,7 @@ import numpy as np
 
 from engine import _native
 from engine.base_runtime import BaseRuntime, TaskEvent
-from engine.binding import BoundCall, bind_call
+from engine.binding import BoundCall
 from engine.distributed.dispatch import Dispatcher
 from engine.distributed.memory import SharedAllocation, host_view
 from engine.distributed.notifier import CompletionEngine
@@ -181,11 +181,11 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         """Checks the arguments against the signature (TypeError / ValueError before anything runs)."""
         self.check_open()
         if not self._per_worker:
-            return bind_call(self._check_argument, self._sig, args, kwargs, self.bounds)
+            return self._binds.bind(self._check_argument, self._sig, args, kwargs, self.bounds)
         params = self.program.params
         args_l, kwargs_d = list(args), dict(kwargs)
         replicas: dict[int, tuple[DeviceTensor, ...]] = {}
-        for i in self._per_worker:  # bind_call checks the first replica against the spec, we check the rest
+        for i in self._per_worker:  # binding checks the first replica against the spec, we check the rest
             p = params[i]
             if i < len(args_l):
                 replicas[i] = self._check_replicas(p, args_l[i])
@@ -193,7 +193,8 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
             elif kwargs_d.get(p.name) is not None:
                 replicas[i] = self._check_replicas(p, kwargs_d[p.name])
                 kwargs_d[p.name] = replicas[i][0]
-        call = bind_call(self._check_argument, self._sig, tuple(args_l), kwargs_d, self.bounds)
+        # Each replica list binds as its first tensor: calls shaped alike bind from the cache too.
+        call = self._binds.bind(self._check_argument, self._sig, tuple(args_l), kwargs_d, self.bounds)
         for i, value in replicas.items():
             call.args[i].value = value
         return call

@@ -154,6 +154,31 @@ def test_resident_tensor_on_the_wrong_worker_raises_value_error(dp_resident, wei
             drt.free_tensor(t)
 
 
+def test_calls_shaped_like_an_earlier_one_bind_from_the_cache_with_every_check(dp_resident, weights):
+    drt = dp_resident
+    w1, w2 = weights
+    w1s = [drt.alloc_tensor(w1.shape, "float32", init=w1, worker_id=i) for i in range(drt.workers)]
+    w2s = [drt.alloc_tensor(w2.shape, "float32", init=w2, worker_id=i) for i in range(drt.workers)]
+    x = randn(np.random.default_rng(11), B, P.D)
+    try:
+        for _ in range(2):
+            np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+        assert len(drt._binds._shapes) >= 1  # the signature was learned: later calls bind from it
+        x2 = randn(np.random.default_rng(12), B, P.D)  # new values, same shape: the cached binding sees them
+        np.testing.assert_allclose(drt(x2, w1s, w2s), mlp_reference(x2, w1, w2), rtol=1e-4, atol=1e-5)
+        with pytest.raises(ValueError, match="resident on worker 0, not on worker 1"):
+            drt(x, w1s, [w2s[0], w2s[0]])  # the first replica as before, the second is checked per call
+        drt.free_tensor(w1s[0])
+        with pytest.raises(ValueError, match="freed"):
+            drt(x, w1s, w2s)  # a cached signature still checks its resident tensors are alive
+        assert drt.memory_stats()["free_slots"] == 2
+        w1s[0] = drt.alloc_tensor(w1.shape, "float32", init=w1, worker_id=0)
+        np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+    finally:
+        for t in w1s + w2s:
+            drt.free_tensor(t)
+
+
 def test_orchestration_passing_a_resident_to_another_worker_runs_nothing(prepare):
     drt = prepare(P.pinned_wrong, depth=2, bounds={"B": 4})
     acc = drt.alloc_tensor((4, P.D), "float32", init=np.ones((4, P.D), np.float32), worker_id=0)
