@@ -236,8 +236,9 @@ class ProcessTransport(Transport):
                         continue
                     conn = self._conns[i]  # key.fileobj, typed
                     try:
-                        while conn.poll():
-                            on_message(i, decode(conn.recv_bytes()))
+                        # One message per readiness: the selector (level-triggered, registered once) reports
+                        # the next at once. Connection.poll() would build and tear down a selector per call.
+                        on_message(i, decode(conn.recv_bytes()))
                     except (EOFError, OSError):
                         sel.unregister(conn)  # hung up: its sentinel reports the exit
                     except BaseException as e:  # a reply the host cannot take: never leave runs hanging

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import select
 import selectors
 import signal
 import time
@@ -81,10 +82,12 @@ def serve(conn: connection.Connection, host: "ChipHost") -> None:
     sel = selectors.DefaultSelector()  # registered once: each wake-up is one poll
     sel.register(conn, selectors.EVENT_READ)
     sel.register(fd, selectors.EVENT_READ)
+    waiting = select.poll()  # "is a message waiting?" in one syscall (Connection.poll() builds a selector per call)
+    waiting.register(conn_fd, select.POLLIN)
     try:
         while True:
             try:
-                while conn.poll():
+                while waiting.poll(0):
                     msg = decode(conn.recv_bytes())
                     if isinstance(msg, Stop):
                         return
