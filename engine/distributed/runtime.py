@@ -68,6 +68,9 @@ class _Signature:
     param_names: frozenset[str]
 
 
+_REPLICAS_KEPT = 64  # replica lists whose checks are remembered (a program passes the same few every run)
+
+
 class DistributedRuntime(BaseRuntime[RunRecord]):
     """A prepared distributed program. Call it, submit() to it, or wrap it in scheduler.AsyncRuntime.
 
@@ -85,6 +88,9 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         self._workers = check_positive_int("workers", workers)
         super().__init__(prog, depth=depth, bounds=bounds, callbacks=callbacks)
         self.program: DistributedProgram = prog
+        # Replica lists checked before, by parameter and the tensors' identities: the same tensors pass the
+        # same checks again, but for having been freed (re-checked per call).
+        self._replicas_checked: dict[tuple[Any, ...], tuple[DeviceTensor, ...]] = {}
         check_optional(positive={"worker_threads": worker_threads, "memory_limit": memory_limit},
                        non_negative={"scratch_bytes": scratch_bytes})
         if isinstance(startup_timeout, bool) or not isinstance(startup_timeout, (int, float)) or startup_timeout <= 0:
@@ -200,6 +206,19 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         return call
 
     def _check_replicas(self, p: Param, value: Any) -> tuple[DeviceTensor, ...]:
+        if type(value) in (list, tuple):
+            key = (p.name, *map(id, value))
+            hit = self._replicas_checked.get(key)
+            if hit is not None and not any(t._alloc.freed for t in hit):
+                return hit
+        replicas = self._check_replicas_fully(p, value)
+        checked = self._replicas_checked
+        if len(checked) >= _REPLICAS_KEPT:
+            checked.clear()
+        checked[(p.name, *map(id, value))] = replicas  # holds the tensors: their ids stay theirs
+        return replicas
+
+    def _check_replicas_fully(self, p: Param, value: Any) -> tuple[DeviceTensor, ...]:
         if not isinstance(value, (list, tuple)):
             raise TypeError(f"parameter '{p.name}': expected one resident tensor per worker (a list of "
                             f"{self._workers}), not {type(value).__name__}")
@@ -313,6 +332,7 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
             self._dispatcher.wait_idle()  # every sealed run completes (or fails, if a worker died)
 
     def _teardown(self) -> None:
+        self._replicas_checked.clear()  # its tensors' allocations hold this runtime
         if self._dispatcher is not None:
             self._dispatcher.close()  # the callback thread is done with the regions from here
         self._drop_views()

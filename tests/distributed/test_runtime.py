@@ -211,6 +211,19 @@ def test_cancel_skips_work_not_yet_sent(slow):
     assert h1.cancel() is False  # already done
 
 
+def test_waits_time_out_and_every_waiter_sees_the_run_done(slow):
+    h = slow.submit(np.zeros(2, np.float32), 200_000_000)  # 0.2 s on each worker
+    assert h.wait(0.01) is False and not h.done  # a timeout, not an error
+    seen: list[bool] = []
+    waiters = [threading.Thread(target=lambda: seen.append(h.wait(30))) for _ in range(3)]
+    for t in waiters:
+        t.start()
+    np.testing.assert_array_equal(h.result(timeout=30), np.ones(2, np.float32))
+    for t in waiters:
+        t.join(30)
+    assert seen == [True, True, True] and h.done and h.wait(0) is True
+
+
 def test_export_trace_has_a_track_per_worker_and_the_host(chain, tmp_path):
     chain.set_tracing(True)
     try:
