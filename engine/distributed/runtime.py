@@ -206,8 +206,8 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         return call
 
     def _check_replicas(self, p: Param, value: Any) -> tuple[DeviceTensor, ...]:
-        if type(value) in (list, tuple):
-            key = (p.name, *map(id, value))
+        key = (p.name, *map(id, value)) if type(value) in (list, tuple) else None
+        if key is not None:
             hit = self._replicas_checked.get(key)
             if hit is not None and not any(t._alloc.freed for t in hit):
                 return hit
@@ -215,7 +215,8 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         checked = self._replicas_checked
         if len(checked) >= _REPLICAS_KEPT:
             checked.clear()
-        checked[(p.name, *map(id, value))] = replicas  # holds the tensors: their ids stay theirs
+        if key is not None:
+            checked[key] = replicas  # holds the tensors: their ids stay theirs
         return replicas
 
     def _check_replicas_fully(self, p: Param, value: Any) -> tuple[DeviceTensor, ...]:
