@@ -17,6 +17,7 @@
 // (Defining TD_CLONES empty builds the baseline alone, to check it.)
 #ifndef TD_CLONES
 #define TD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#define TD_WHOLE_VECTORS_WITH_AVX512 1
 #endif
 
 #define TD_INLINE inline __attribute__((always_inline))
@@ -54,10 +55,18 @@ TD_INLINE void store(float* p, const vfloat& v) { std::memcpy(p, &v, sizeof v); 
 TD_INLINE vfloat splat(float s) { return vfloat{} + s; }
 TD_INLINE vint bits(const vfloat& v) { return __builtin_bit_cast(vint, v); }
 TD_INLINE vfloat from_bits(const vint& v) { return __builtin_bit_cast(vfloat, v); }
-// The math below is written once over a vector type V and evaluated on 8-lane halves: without
-// AVX-512, GCC lowers comparisons and selects of 64-byte vectors lane by lane (scalar compares,
-// blends and spills), while 32-byte ones become one vcmpps / vblendvps each.
+// The math below is written once over a vector type V. With AVX-512 it runs on whole 16-lane
+// vectors (a comparison is one mask instruction, a select one masked move); without, on 8-lane
+// halves: GCC lowers comparisons and selects of 64-byte vectors lane by lane there (scalar
+// compares, blends and spills), while 32-byte ones become one vcmpps / vblendvps each. Which one
+// is a property of the CPU, read once: a TD_CLONES variant cannot know at compile time which
+// clone it is, and the branch on a constant is free in a loop.
 typedef float vhalf __attribute__((vector_size(32)));
+#ifdef TD_WHOLE_VECTORS_WITH_AVX512
+inline const bool kWholeVectorSelects = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+#else
+constexpr bool kWholeVectorSelects = false;  // a one-variant build (TD_CLONES given: the sanitizers') checks halves
+#endif
 template <class V>
 using mask_of = decltype(V{} < V{});
 template <class V>
@@ -136,6 +145,7 @@ TD_INLINE V exp_of(const V& x) {
   return over ? splat_as<V>(__builtin_inff()) : y;
 }
 TD_INLINE vfloat exp(const vfloat& x) {
+  if (kWholeVectorSelects) return exp_of(x);
   return join(exp_of(low_half(x)), exp_of(high_half(x)));
 }
 
@@ -161,6 +171,7 @@ TD_INLINE V tanh_of(const V& x) {
   return saturated ? __builtin_bit_cast(V, bits_of(splat_as<V>(1.0f)) | bits_of(sign_of(x))) : y;
 }
 TD_INLINE vfloat tanh(const vfloat& x) {
+  if (kWholeVectorSelects) return tanh_of(x);
   return join(tanh_of(low_half(x)), tanh_of(high_half(x)));
 }
 
@@ -196,6 +207,7 @@ TD_INLINE V erf_of(const V& z) {
   return zc * p / q;
 }
 TD_INLINE vfloat erf(const vfloat& z) {
+  if (kWholeVectorSelects) return erf_of(z);
   return join(erf_of(low_half(z)), erf_of(high_half(z)));
 }
 
