@@ -221,6 +221,21 @@ class ProcessTransport(Transport):
         for i, proc in enumerate(self._procs):
             sel.register(proc.sentinel, selectors.EVENT_READ, (True, i))
         sel.register(self._wake_r, selectors.EVENT_READ, None)
+
+        def receive(i: int) -> bool:
+            """One reply of worker i handled; False once its connection is done with."""
+            conn = self._conns[i]
+            try:
+                on_message(i, decode(conn.recv_bytes()))
+                return True
+            except (EOFError, OSError):
+                sel.unregister(conn)  # hung up: its sentinel reports the exit
+            except BaseException as e:  # a reply the host cannot take: never leave runs hanging
+                sel.unregister(conn)
+                self._gone.add(i)
+                on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
+            return False
+
         try:
             while True:
                 exits = []
@@ -234,21 +249,16 @@ class ProcessTransport(Transport):
                     if is_exit:
                         exits.append((key.fileobj, i))
                         continue
-                    conn = self._conns[i]  # key.fileobj, typed
-                    try:
-                        # One message per readiness: the selector (level-triggered, registered once) reports
-                        # the next at once. Connection.poll() would build and tear down a selector per call.
-                        on_message(i, decode(conn.recv_bytes()))
-                    except (EOFError, OSError):
-                        sel.unregister(conn)  # hung up: its sentinel reports the exit
-                    except BaseException as e:  # a reply the host cannot take: never leave runs hanging
-                        sel.unregister(conn)
-                        self._gone.add(i)
-                        on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
-                for sentinel, i in exits:  # after the replies that came with the exit
+                    # One reply per readiness: the selector (level-triggered, registered once) reports the
+                    # next at once. Connection.poll() would build and tear down a selector on every call.
+                    receive(i)
+                for sentinel, i in exits:  # after every reply the worker sent before it went
+                    conn = self._conns[i]
+                    while _registered(sel, conn) and conn.poll():
+                        receive(i)
                     sel.unregister(sentinel)
-                    if _registered(sel, self._conns[i]):
-                        sel.unregister(self._conns[i])
+                    if _registered(sel, conn):
+                        sel.unregister(conn)
                     proc = self._procs[i]
                     # The sentinel fires as the process closes its fds, a moment before it can be
                     # reaped: wait for that moment so the exit code is known (and no zombie stays).

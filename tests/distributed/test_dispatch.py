@@ -108,3 +108,23 @@ def test_a_reply_releasing_hundreds_of_submissions_does_not_stall(fan):
     handles = [fan.submit(x) for x in xs]  # depth 3: up to 3 x 257 submissions in flight
     for x, h in zip(xs, handles):
         np.testing.assert_allclose(h.result(timeout=120), x, rtol=1e-6)
+
+
+def test_every_reply_a_worker_sent_before_it_exited_is_delivered_before_its_exit(monkeypatch):
+    import engine.distributed.worker as W
+    from engine.distributed.protocol import Setup
+    from engine.distributed.transport import ProcessTransport
+    from tests.distributed import burst_worker
+
+    monkeypatch.setattr(W, "main", burst_worker.burst_then_exit)  # the transport starts W.main in each process
+    transport = ProcessTransport(1)
+    got: list[int] = []
+    exited: list[int] = []  # how many replies had arrived when the exit was reported
+    gone = threading.Event()
+    try:
+        transport.start([Setup(0, 1, 0, (), ())], lambda i, msg: got.append(msg.seq),
+                        lambda i, reason: (exited.append(len(got)), gone.set()), 30.0)
+        assert gone.wait(30)
+    finally:
+        transport.stop()
+    assert got == list(range(1, burst_worker.REPLIES + 1)) and exited == [burst_worker.REPLIES]
