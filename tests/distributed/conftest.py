@@ -17,7 +17,7 @@ import pytest
 import engine.distributed as dist
 
 WORKERS = 2
-THREADS = 1  # pool threads per worker: 2 workers on 2 cores
+THREADS = 1  # executors per worker (its serving thread alone): 2 workers on 2 cores
 
 
 def shm_present(names: list[str]) -> list[str]:

@@ -191,6 +191,20 @@ def test_orchestration_passing_a_resident_to_another_worker_runs_nothing(prepare
     np.testing.assert_array_equal(on1.to_numpy(), np.full((4, P.D), 2.0, np.float32))
 
 
+def test_workers_of_two_threads_share_the_work_between_the_serving_thread_and_a_pool_thread(prepare, weights):
+    # worker_threads=2: the serving thread runs tasks when it has no message, a pool thread at any time, and
+    # completions come back from either (the tests above use one thread: the serving thread alone).
+    drt = prepare(P.dp_mlp, depth=3, bounds={"B": B}, worker_threads=2)
+    assert drt.worker_threads == 2
+    w1, w2 = weights
+    rng = np.random.default_rng(13)
+    xs = [randn(rng, B, P.D) for _ in range(40)]
+    handles = [drt.submit(x, w1, w2) for x in xs]  # three in flight: calls arrive while tasks run
+    for x, h in zip(xs, handles):
+        np.testing.assert_allclose(h.result(timeout=60), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+    assert drt.memory_stats()["free_slots"] == 3
+
+
 # -- tensor parallel ------------------------------------------------------------------------------------------
 def test_tensor_parallel_matmul_gathers_column_shards(tp):
     rng = np.random.default_rng(10)
