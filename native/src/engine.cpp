@@ -380,42 +380,36 @@ void Engine::finish_run(Run& run) {
   live_cv_.notify_all();  // under the lock: a closer woken by it may destroy the engine right after
 }
 
+bool Engine::Helping::enter(const Run* run) {
+  // A run not done here finishes (under this lock) after we count ourselves
+  // in, so close() waits for us to leave before it stops the pool.
+  std::lock_guard<std::mutex> lock(engine_.live_mu_);
+  if ((run != nullptr && run->done()) || engine_.closed_.load(std::memory_order_acquire)) return false;
+  ++engine_.helpers_;
+  entered_ = true;
+  return true;
+}
+
+Engine::Helping::~Helping() {
+  if (!entered_) return;
+  std::lock_guard<std::mutex> lock(engine_.live_mu_);
+  --engine_.helpers_;
+  engine_.live_cv_.notify_all();  // under the lock, as in finish_run
+}
+
 void Engine::help(Run& run, std::chrono::steady_clock::time_point deadline) {
-  {
-    // A run not done here finishes (under this lock) after we count ourselves
-    // in, so close() waits for us to leave before it stops the pool.
-    std::lock_guard<std::mutex> lock(live_mu_);
-    if (run.done() || closed_.load(std::memory_order_acquire)) return;
-    ++helpers_;
-  }
+  Helping helping(*this);
+  if (!helping.enter(&run)) return;
   // On a caller_runs engine the run may wait for another run's queued tasks that no pool thread will take.
   const Run* own = caller_runs_ ? nullptr : &run;
   pool_->help_until([&run] { return run.announced(); },
                     [own](const Task* t) { return own == nullptr || t->run == own; }, deadline, -1);
-  std::lock_guard<std::mutex> lock(live_mu_);
-  --helpers_;
-  live_cv_.notify_all();  // under the lock, as in finish_run
 }
 
 size_t Engine::run_queued(const std::function<bool()>& interrupt) {
-  {
-    std::lock_guard<std::mutex> lock(live_mu_);  // counted in, as in help(): close() waits for us to leave
-    if (closed_.load(std::memory_order_acquire)) return 0;
-    ++helpers_;
-  }
-  size_t ran = 0;
-  try {
-    ran = pool_->run_queued(interrupt, -1);
-  } catch (...) {
-    std::lock_guard<std::mutex> lock(live_mu_);
-    --helpers_;
-    live_cv_.notify_all();
-    throw;
-  }
-  std::lock_guard<std::mutex> lock(live_mu_);
-  --helpers_;
-  live_cv_.notify_all();
-  return ran;
+  Helping helping(*this);
+  if (!helping.enter(nullptr)) return 0;
+  return pool_->run_queued(interrupt, -1);
 }
 
 size_t Engine::run_queued_until_readable(int stop_fd) {

@@ -110,73 +110,70 @@ def test_bad_arguments_raise_before_anything_runs(dp, weights):
 
 
 # -- resident weights per worker --------------------------------------------------------------------------
-def test_resident_weights_per_worker(dp_resident, weights):
+@pytest.fixture
+def replicas(dp_resident, weights):
+    """(w1s, w2s): the weights resident on every worker; whatever the lists hold at the end is freed."""
     drt = dp_resident
     w1, w2 = weights
     w1s = [drt.alloc_tensor(w1.shape, "float32", init=w1, worker_id=i) for i in range(drt.workers)]
     w2s = [drt.alloc_tensor(w2.shape, "float32", init=w2, worker_id=i) for i in range(drt.workers)]
-    try:
-        for i in range(drt.workers):
-            assert drt.memory_stats(worker_id=i)["live_allocations"] >= 2
-            np.testing.assert_array_equal(w1s[i].to_numpy(), w1)
-        x = randn(np.random.default_rng(8), B, P.D)
-        for _ in range(3):
-            np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
-        # Different weights per worker: each shard uses its own worker's copy.
-        drt.free_tensor(w2s[1])
-        w2s[1] = drt.alloc_tensor(w2.shape, "float32", init=2 * w2, worker_id=1)
-        y = drt(x, w1s, w2s)
-        half = B // 2
-        np.testing.assert_allclose(y[:half], mlp_reference(x[:half], w1, w2), rtol=1e-4, atol=1e-5)
-        np.testing.assert_allclose(y[half:], mlp_reference(x[half:], w1, 2 * w2), rtol=1e-4, atol=1e-5)
-    finally:
-        for t in w1s + w2s:
-            drt.free_tensor(t)
+    yield w1s, w2s
+    for t in w1s + w2s:
+        drt.free_tensor(t)
 
 
-def test_resident_tensor_on_the_wrong_worker_raises_value_error(dp_resident, weights):
+def test_resident_weights_per_worker(dp_resident, weights, replicas):
     drt = dp_resident
     w1, w2 = weights
-    w1s = [drt.alloc_tensor(w1.shape, "float32", init=w1, worker_id=i) for i in range(drt.workers)]
-    w2s = [drt.alloc_tensor(w2.shape, "float32", init=w2, worker_id=i) for i in range(drt.workers)]
+    w1s, w2s = replicas
+    for i in range(drt.workers):
+        assert drt.memory_stats(worker_id=i)["live_allocations"] >= 2
+        np.testing.assert_array_equal(w1s[i].to_numpy(), w1)
+    x = randn(np.random.default_rng(8), B, P.D)
+    for _ in range(3):
+        np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+    # Different weights per worker: each shard uses its own worker's copy.
+    drt.free_tensor(w2s[1])
+    w2s[1] = drt.alloc_tensor(w2.shape, "float32", init=2 * w2, worker_id=1)
+    y = drt(x, w1s, w2s)
+    half = B // 2
+    np.testing.assert_allclose(y[:half], mlp_reference(x[:half], w1, w2), rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(y[half:], mlp_reference(x[half:], w1, 2 * w2), rtol=1e-4, atol=1e-5)
+
+
+def test_resident_tensor_on_the_wrong_worker_raises_value_error(dp_resident, weights, replicas):
+    drt = dp_resident
+    w1, w2 = weights
+    w1s, w2s = replicas
     x = randn(np.random.default_rng(9), B, P.D)
-    try:
-        with pytest.raises(ValueError, match="resident on worker 1, not on worker 0"):
-            drt(x, w1s[::-1], w2s)
-        with pytest.raises(TypeError, match="one per worker"):
-            drt(x, w1s[:1], w2s)
-        with pytest.raises(TypeError, match="one resident tensor per worker"):
-            drt(x, w1, w2s)
-        assert drt.memory_stats()["free_slots"] == 2
-        np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
-    finally:
-        for t in w1s + w2s:
-            drt.free_tensor(t)
+    with pytest.raises(ValueError, match="resident on worker 1, not on worker 0"):
+        drt(x, w1s[::-1], w2s)
+    with pytest.raises(TypeError, match="one per worker"):
+        drt(x, w1s[:1], w2s)
+    with pytest.raises(TypeError, match="one resident tensor per worker"):
+        drt(x, w1, w2s)
+    assert drt.memory_stats()["free_slots"] == 2
+    np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
 
 
-def test_calls_shaped_like_an_earlier_one_bind_from_the_cache_with_every_check(dp_resident, weights):
+def test_calls_shaped_like_an_earlier_one_bind_from_the_cache_with_every_check(dp_resident, weights, replicas):
     drt = dp_resident
     w1, w2 = weights
-    w1s = [drt.alloc_tensor(w1.shape, "float32", init=w1, worker_id=i) for i in range(drt.workers)]
-    w2s = [drt.alloc_tensor(w2.shape, "float32", init=w2, worker_id=i) for i in range(drt.workers)]
+    w1s, w2s = replicas
     x = randn(np.random.default_rng(11), B, P.D)
-    try:
-        for _ in range(2):
-            np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
-        assert len(drt._binds._shapes) >= 1  # the signature was learned: later calls bind from it
-        x2 = randn(np.random.default_rng(12), B, P.D)  # new values, same shape: the cached binding sees them
-        np.testing.assert_allclose(drt(x2, w1s, w2s), mlp_reference(x2, w1, w2), rtol=1e-4, atol=1e-5)
-        with pytest.raises(ValueError, match="resident on worker 0, not on worker 1"):
-            drt(x, w1s, [w2s[0], w2s[0]])  # the first replica as before, the second is checked per call
-        drt.free_tensor(w1s[0])
-        with pytest.raises(ValueError, match="freed"):
-            drt(x, w1s, w2s)  # a cached signature still checks its resident tensors are alive
-        assert drt.memory_stats()["free_slots"] == 2
-        w1s[0] = drt.alloc_tensor(w1.shape, "float32", init=w1, worker_id=0)
+    for _ in range(2):
         np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
-    finally:
-        for t in w1s + w2s:
-            drt.free_tensor(t)
+    assert len(drt._binds._shapes) >= 1  # the signature was learned: later calls bind from it
+    x2 = randn(np.random.default_rng(12), B, P.D)  # new values, same shape: the cached binding sees them
+    np.testing.assert_allclose(drt(x2, w1s, w2s), mlp_reference(x2, w1, w2), rtol=1e-4, atol=1e-5)
+    with pytest.raises(ValueError, match="resident on worker 0, not on worker 1"):
+        drt(x, w1s, [w2s[0], w2s[0]])  # the first replica as before, the second is checked per call
+    drt.free_tensor(w1s[0])
+    with pytest.raises(ValueError, match="freed"):
+        drt(x, w1s, w2s)  # a cached signature still checks its resident tensors are alive
+    assert drt.memory_stats()["free_slots"] == 2
+    w1s[0] = drt.alloc_tensor(w1.shape, "float32", init=w1, worker_id=0)
+    np.testing.assert_allclose(drt(x, w1s, w2s), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
 
 
 def test_orchestration_passing_a_resident_to_another_worker_runs_nothing(prepare):

@@ -178,6 +178,21 @@ class Engine final : public TaskRunner {
   Task* run_task(Task* t, int worker) override;
 
  private:
+  // A thread running tasks outside the pool (help, run_queued) for as long as it lives: counted in
+  // helpers_ once enter() succeeds, so close() waits for it to leave.
+  class Helping {
+   public:
+    explicit Helping(Engine& engine) : engine_(engine) {}
+    ~Helping();
+    Helping(const Helping&) = delete;
+    Helping& operator=(const Helping&) = delete;
+    // False (not counted) on a closed engine, or when `run` is given and done already.
+    bool enter(const Run* run);
+
+   private:
+    Engine& engine_;
+    bool entered_ = false;
+  };
   friend class Run;
   void finish_run(Run& run);
   void enqueue_ready(std::vector<Task*>& ready);
@@ -198,7 +213,7 @@ class Engine final : public TaskRunner {
   std::unordered_map<uint64_t, std::shared_ptr<Run>> live_;
   size_t unfinished_ = 0;  // runs begun and not through Run::finish: live_ plus those finishing
   const bool caller_runs_;
-  size_t helpers_ = 0;     // threads inside help(): close() waits for them to leave
+  size_t helpers_ = 0;     // threads inside help() or run_queued(): close() waits for them to leave
   uint64_t next_run_id_ = 1;
 
   std::atomic<bool> closed_{false};
