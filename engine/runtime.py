@@ -176,10 +176,9 @@ class Runtime(BaseRuntime["_native.Run"]):
         On an error the run is cancelled and sealed (so its slot frees) before it raises.
         """
         if type(call) is CachedBinding:
-            if self._host_spans is None:  # tracing records the host spans of the full path
-                launched = self._launch_cached(call, lease, dispatch_ns, log, launch_ns)
-                if launched is not None:
-                    return launched
+            launched = self._launch_cached(call, lease, dispatch_ns, log, launch_ns)
+            if launched is not None:
+                return launched
             try:  # the key is no longer recorded: the full path binds again, then records it
                 call = bind_call(self._check_argument, self.program, call.args, call.kwargs, self.bounds)
             except BaseException:
@@ -256,6 +255,8 @@ class Runtime(BaseRuntime["_native.Run"]):
         native, run_id, slot_index = lease
         engine, capture = self._engine, self._capture
         assert engine is not None and capture is not None
+        spans = self._host_spans  # tracing: the same spans as the full path's, staging the host arrays' part
+        t_admitted = engine.now_ns() if spans is not None else 0
         entry = call.entry
         slot = self._slots[slot_index]
         values = call.values
@@ -280,8 +281,11 @@ class Runtime(BaseRuntime["_native.Run"]):
                 staged.append((addr, nbytes, host, reads))
                 hosts.append(host)
             outputs = [x if kind == "device" else hosts[x] for kind, x in entry.outputs]
+            t_staged = engine.now_ns() if spans is not None else 0
             engine.launch_replay(native, staged, plan, patches, entry.copy_backs(slot, capture.tensor_base), log,
                                  dispatch_ns, launch_ns)
+            if spans is not None:
+                self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, engine.now_ns())
         except BaseException:
             self._abort(native)
             raise

@@ -168,19 +168,26 @@ def test_an_evicted_or_replaced_recording_is_never_replayed_from_the_cache(prepa
     assert stats["entries"] == 1 and stats["misses"] == 5 and stats["evictions"] == 4 and stats["hits"] == 4
 
 
-def test_tracing_records_the_host_spans_of_cached_calls(prepared):
+def test_tracing_records_the_host_spans_of_cached_calls_on_the_cached_path(prepared, monkeypatch):
     rt = prepared(mlp, bounds={"B": 8}, capture=True)
     w, x = f32(8, 8), f32(4, 8)
     for _ in range(3):
         rt(x, w, alpha=1.0)
     rt.set_tracing(True)
     rt.drain_trace()
+
+    def full_path(*args, **kwargs):  # tracing must measure the path an untraced call takes
+        raise AssertionError("a traced cached call took the full path")
+
+    monkeypatch.setattr(rt._capture, "orchestrate", full_path)
     handles = [rt.submit(x, w, alpha=1.0) for _ in range(3)]
     for h in handles:
         h.result()
     spans, events = rt.drain_trace()
     runs = {h.id for h in handles}
-    assert {(r, n) for r, _, n, _, _ in spans if n == "orchestration"} == {(r, "orchestration") for r in runs}
+    for name in ("staging", "orchestration"):
+        assert {(r, n) for r, _, n, _, _ in spans if n == name} == {(r, name) for r in runs}
+    assert all(start <= end for _, _, _, start, end in spans)
     assert {e[0] for e in events} == runs
 
 
