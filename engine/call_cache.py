@@ -1,24 +1,25 @@
-"""The hit path of captured runs: calls shaped like one already replayed skip binding and staging logic.
+"""The hit path of calls shaped like an earlier one: they skip binding, and launching derives nothing again.
 
-A captured run's orchestration is native (engine.capture), which left the
-Python around it as most of a replayed run's host cost: binding the
-arguments (engine.binding), building the slot views and the capture key,
-and looking up the plan, each run anew though they come out the same when
-the call looks the same. This cache remembers, per *call signature*, what
-binding and launching a replayed call derived, and reuses it.
+Binding a call's arguments (engine.binding) and turning them into slot views,
+staging regions and copy-backs come out the same whenever the call looks the
+same, yet cost more of a small run's host time than the engine's own work.
+This cache remembers, per *call signature*, what binding and launching derived,
+and a runtime reuses it: an uncaptured run then only stages its arrays and
+calls the orchestration function, a captured one (engine.capture) also skips
+the capture key and looks its replay up by slot and Scalar values.
 
 The signature is engine.binding.call_signature's (what binding's outcome
 depends on: argument kinds, array shapes and dtypes, resident tensors, scalar
 types). Per call, resident tensors are re-checked for having been freed and
-Scalar values are checked by their specs and go to the capture key lookup,
-which bakes in the values the orchestration read and patches the others.
+Scalar values are checked by their specs (and, captured, go to the capture key
+lookup, which bakes in the values the orchestration read and patches the others).
 
-Anything else (torch tensors, other array types, two host outputs that could
-overlap, a key no longer recorded, tracing on) takes the full path, which
-raises binding's errors and records what it must. The cache keeps as many
-signatures as the runtime keeps recordings (capture_limit: a program called N
-ways needs N of each; a decoder's steps differ by position in both), the
-oldest dropped first, and is emptied when the runtime closes.
+Anything else (torch tensors, other array types, arrays staged through a copy,
+two host outputs that could overlap, a key no longer recorded) takes the full
+path, which raises binding's errors and records what it must. The cache keeps
+`size` signatures (a captured runtime as many as it keeps recordings: a program
+called N ways needs N of each; a decoder's steps differ by position in both),
+the oldest dropped first, and is emptied when the runtime closes.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 
 from engine.binding import BoundCall, argument_sources, binds_as_is, call_signature
+from engine.dtypes import DType
+from engine.slots import slot_view
 from engine.specs import Scalar, TensorSpec
 from engine.tensor import DeviceTensor
 
@@ -43,23 +46,27 @@ __all__ = ["CallCache", "CachedBinding", "CachedCall"]
 class CachedCall:
     """What binding and launching one call signature derived: reused by every call with that signature."""
 
-    __slots__ = ("sources", "scalars", "hosts", "outputs", "device_args", "base_key", "_addrs",
-                 "_copy_backs", "_replays", "_replays_limit")
+    __slots__ = ("sources", "scalars", "hosts", "outputs", "device_args", "dims", "base_key", "_addrs", "_views",
+                 "_written_views", "_copy_backs", "_replays", "_replays_limit")
 
     def __init__(self, sources: list[int], scalars: list[tuple[int, Scalar, str]],
-                 hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]],
+                 hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool, DType]],
                  outputs: list[tuple[str, Any]], device_args: list[tuple[int, DeviceTensor]],
-                 base_key: tuple[Any, ...], replays_limit: int) -> None:
+                 dims: dict[str, int], base_key: tuple[Any, ...] | None, replays_limit: int) -> None:
         self.sources = sources  # per parameter: its index in args + kwargs values, -1 where omitted
         self.scalars = scalars  # (parameter index, spec, name)
-        # (parameter index, name, shape, numpy dtype, nbytes, reads, writes, given): given False for an
-        # omitted Out, which each call allocates
+        # (parameter index, name, shape, numpy dtype, nbytes, reads, writes, given, dtype): given False for
+        # an omitted Out, which each call allocates
         self.hosts = hosts
         self.outputs = outputs  # in declaration order: ("device", tensor) / ("host", host index)
         # (parameter index, DeviceTensor) of every resident argument: the capture key's, checked live per call
         self.device_args = device_args
-        self.base_key = base_key
+        self.dims = dims  # the symbols' values: what an uncaptured run's orchestration gets as run.dims
+        self.base_key = base_key  # the capture key's part fixed by the signature; None uncaptured
         self._addrs: dict[int, list[int]] = {}  # slot index -> each host parameter's slot buffer address
+        # slot index -> per host parameter (its slot view at the call's shape, the buffer's address)
+        self._views: dict[int, list[tuple[DeviceTensor, int]]] = {}
+        self._written_views: dict[int, list[tuple[DeviceTensor, int]]] = {}  # the same, of the written ones
         self._copy_backs: dict[int, list[tuple[int, int]]] = {}  # slot index -> (replay base, buffer address)
         # (slot index, the Scalar values) -> (recording, its plan on that slot), for recordings without scalar
         # patches: valid while the capture table still holds the recording (Capture.rehit checks)
@@ -90,6 +97,19 @@ class CachedCall:
             hit = self._addrs[slot.index] = [slot.buffers[h[1]].addr for h in self.hosts]
         return hit
 
+    def views(self, slot: "Slot") -> list[tuple[DeviceTensor, int]]:
+        hit = self._views.get(slot.index)
+        if hit is None:
+            hit = self._views[slot.index] = [slot_view(slot, h[1], h[2], h[8]) for h in self.hosts]
+        return hit
+
+    def copy_back_views(self, slot: "Slot") -> list[tuple[DeviceTensor, int]]:
+        """(slot view, buffer address) of each host parameter the run writes, as its copy-backs need."""
+        hit = self._written_views.get(slot.index)
+        if hit is None:
+            hit = self._written_views[slot.index] = [v for h, v in zip(self.hosts, self.views(slot)) if h[6]]
+        return hit
+
     def copy_backs(self, slot: "Slot", tensor_base: Mapping[int, int]) -> list[tuple[int, int]]:
         hit = self._copy_backs.get(slot.index)
         if hit is None:
@@ -117,9 +137,9 @@ class CachedBinding:
 
 
 class CallCache:
-    """A captured runtime's call signatures and what each derived."""
+    """A runtime's call signatures and what each derived."""
 
-    def __init__(self, program: "Program", capture: "Capture", size: int, slots: int) -> None:
+    def __init__(self, program: "Program", capture: "Capture | None", size: int, slots: int) -> None:
         self._program = program
         self._capture = capture
         self._size = size
@@ -148,14 +168,14 @@ class CallCache:
         return CachedBinding(entry, values, args, kwargs)
 
     def learn(self, sig: tuple[Any, ...], call: BoundCall, n_args: int, kw_names: Sequence[str],
-              device_args: list[tuple[int, DeviceTensor]], base_key: tuple[Any, ...]) -> None:
-        """Remembers a call that bound and replayed through the full path."""
+              device_args: list[tuple[int, DeviceTensor]], base_key: tuple[Any, ...] | None) -> None:
+        """Remembers a call that bound and launched through the full path (captured: and replayed)."""
         if not binds_as_is(call):  # another call like it might not bind the same: never cached
             return
         params = self._program.params
         sources = argument_sources(params, n_args, kw_names)
         scalars: list[tuple[int, Scalar, str]] = []
-        hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool]] = []
+        hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool, DType]] = []
         outputs: list[tuple[str, Any]] = []
         for i, (p, a) in enumerate(zip(params, call.args)):
             spec = p.spec
@@ -173,9 +193,10 @@ class CallCache:
             nbytes = spec.dtype.itemsize
             for d in a.shape:
                 nbytes *= d
-            hosts.append((i, p.name, a.shape, spec.dtype.numpy, nbytes, spec.reads, spec.writes, value is not None))
+            hosts.append((i, p.name, a.shape, spec.dtype.numpy, nbytes, spec.reads, spec.writes, value is not None,
+                          spec.dtype))
         entries = self._entries
-        entries[sig] = CachedCall(sources, scalars, hosts, outputs, device_args, base_key,
+        entries[sig] = CachedCall(sources, scalars, hosts, outputs, device_args, dict(call.dims), base_key,
                                   self._replays_limit)
         if len(entries) > self._size:
             entries.popitem(last=False)

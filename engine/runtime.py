@@ -33,7 +33,7 @@ from engine.orchestration import ScratchArena
 from engine.port import TaskPort
 from engine.program import Program
 from engine.run import Run
-from engine.slots import Slot
+from engine.slots import Slot, slot_view
 from engine.specs import TensorSpec
 from engine.tensor import Allocation, DeviceTensor, contiguous_strides
 from engine.validation import check_optional, check_positive_int
@@ -63,7 +63,7 @@ class Runtime(BaseRuntime["_native.Run"]):
         self._engine: _native.Engine | None = None
         self._trace: _native.TraceRecorder | None = None  # task events: attached while tracing, kept until drained
         self._slots: list[Slot] = []
-        self._calls: CallCache | None = None  # the hit path of captured runs
+        self._calls: CallCache | None = None  # the hit path of calls shaped like an earlier one
         try:
             self._device = _native.Device(memory_limit or 0)
             self._engine = (_native.Engine(self._device, workers or 0) if spin_us is None
@@ -79,7 +79,7 @@ class Runtime(BaseRuntime["_native.Run"]):
             self.scratch_bytes: int = scratch_bytes
             if capture:
                 self._capture = Capture(prog, capture_limit)
-                self._calls = CallCache(prog, self._capture, capture_limit, self.depth)
+            self._calls = CallCache(prog, self._capture, capture_limit, self.depth)
         except BaseException:
             self._teardown()
             raise
@@ -154,12 +154,11 @@ class Runtime(BaseRuntime["_native.Run"]):
     def bind(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> BoundCall | CachedBinding:
         """Checks one call's arguments against the signature (TypeError / ValueError before anything runs).
 
-        A captured runtime's call shaped like one it replayed before binds from its cache (engine.call_cache).
+        A call shaped like one launched before binds from the call cache (engine.call_cache).
         """
-        calls = self._calls
-        if calls is None:
-            return super().bind(args, kwargs)
         self.check_open()
+        calls = self._calls
+        assert calls is not None  # open
         got = calls.bind(args, kwargs)
         if type(got) is CachedBinding:
             return got
@@ -176,6 +175,8 @@ class Runtime(BaseRuntime["_native.Run"]):
         On an error the run is cancelled and sealed (so its slot frees) before it raises.
         """
         if type(call) is CachedBinding:
+            if self._capture is None:
+                return self._launch_plain(call, lease, dispatch_ns, log, launch_ns)
             launched = self._launch_cached(call, lease, dispatch_ns, log, launch_ns)
             if launched is not None:
                 return launched
@@ -197,7 +198,8 @@ class Runtime(BaseRuntime["_native.Run"]):
         try:
             fn_args: list[Any] = []
             copy_backs: list[tuple[int, DeviceTensor, int]] = []  # (parameter index, slot view, buffer address)
-            device_args: list[tuple[int, DeviceTensor]] = []  # (parameter index, tensor), for the capture key
+            # (parameter index, tensor): checked live by the call cache's hit path; part of the capture key
+            device_args: list[tuple[int, DeviceTensor]] = []
             for a in call.args:
                 spec = a.param.spec
                 if not isinstance(spec, TensorSpec):
@@ -205,8 +207,7 @@ class Runtime(BaseRuntime["_native.Run"]):
                     continue
                 value = a.value
                 if isinstance(value, DeviceTensor):
-                    if capture is not None:
-                        device_args.append((len(fn_args), value))
+                    device_args.append((len(fn_args), value))
                     fn_args.append(value)
                     if spec.writes:
                         outputs.append(value)
@@ -216,7 +217,7 @@ class Runtime(BaseRuntime["_native.Run"]):
                     outputs.append(user)
                 elif spec.writes:
                     outputs.append(value)
-                view, addr = _slot_view(slot, a.param.name, a.shape, spec)
+                view, addr = slot_view(slot, a.param.name, a.shape, spec.dtype)
                 host = a.host
                 assert host is not None
                 acc.add(addr, host.nbytes, host)  # host is the contiguous array of exactly the view's bytes
@@ -228,25 +229,75 @@ class Runtime(BaseRuntime["_native.Run"]):
             t_staged = engine.now_ns() if spans is not None else 0
             base_key = None
             if capture is None:
-                arena = slot.arena
-                arena.used = 0  # the slot's scratch, empty for this run
-                self.program.invoke(Run(self._port, native, call.dims, arena), fn_args)
+                self._orchestrate(native, slot, call.dims, fn_args, [(view, addr) for _, view, addr in copy_backs])
             else:  # replayed natively (its copy backs with it), or orchestrated and recorded
                 base_key = capture.orchestrate(self._port, native, slot, call, fn_args, device_args,
                                                [(i, addr) for i, _, addr in copy_backs])
-            if base_key is None:
-                for _, view, addr in copy_backs:
-                    engine.submit_copy_back(native, view._native_arg(), addr)
-            engine.seal_logged(native, log, dispatch_ns, launch_ns)
-            if spans is not None:
-                self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, engine.now_ns())
+                if base_key is None:
+                    for _, view, addr in copy_backs:
+                        engine.submit_copy_back(native, view._native_arg(), addr)
+            self._seal(native, lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
         except BaseException:
             self._abort(native)
             raise
-        if base_key is not None and call.signature is not None and self._calls is not None:
-            sig, n_args, kw_names = call.signature
+        if call.signature is not None and self._calls is not None and (capture is None or base_key is not None):
+            sig, n_args, kw_names = call.signature  # learnt once launched (captured: once replayed)
             self._calls.learn(sig, call, n_args, kw_names, device_args, base_key)
         return native, run_id, (call, outputs)
+
+    def _launch_plain(self, call: CachedBinding, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
+                      log: "_native.RunLog | None", launch_ns: int) -> "tuple[_native.Run, int, Any]":
+        """launch() of a cached binding, uncaptured: stage into the views the signature derived, orchestrate,
+        copy back, seal."""
+        native, run_id, slot_index = lease
+        engine = self._engine
+        assert engine is not None
+        spans = self._host_spans
+        t_admitted = engine.now_ns() if spans is not None else 0
+        entry = call.entry
+        slot = self._slots[slot_index]
+        values = call.values
+        try:
+            acc = slot.accessor
+            fn_args = list(values)
+            hosts: list[np.ndarray] = []
+            for (i, _, shape, dtype, nbytes, reads, _, given, _), (view, addr) in zip(entry.hosts, entry.views(slot)):
+                host = values[i] if given else np.empty(shape, dtype)
+                acc.add(addr, nbytes, host)
+                if reads:
+                    acc.stage_in(addr)
+                fn_args[i] = view
+                hosts.append(host)
+            t_staged = engine.now_ns() if spans is not None else 0
+            self._orchestrate(native, slot, entry.dims, fn_args, entry.copy_back_views(slot))
+            self._seal(native, lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
+        except BaseException:
+            self._abort(native)
+            raise
+        outputs = [x if kind == "device" else hosts[x] for kind, x in entry.outputs]
+        return native, run_id, (call, outputs)  # the call keeps the arrays alive; nothing to write back
+
+    def _orchestrate(self, native: "_native.Run", slot: Slot, dims: dict[str, int], fn_args: list[Any],
+                     copy_backs: list[tuple[DeviceTensor, int]]) -> None:
+        """Runs the orchestration function over the slot's scratch, then copies back each (slot view, buffer
+        address) written."""
+        engine = self._engine
+        assert engine is not None
+        arena = slot.arena
+        arena.used = 0  # the slot's scratch, empty for this run
+        self.program.invoke(Run(self._port, native, dims, arena), fn_args)
+        for view, addr in copy_backs:
+            engine.submit_copy_back(native, view._native_arg(), addr)
+
+    def _seal(self, native: "_native.Run", lease: "tuple[_native.Run, int, int]", log: "_native.RunLog | None",
+              dispatch_ns: int, launch_ns: int, t_admitted: int, t_staged: int) -> None:
+        """Seals a launched run (logged); records its host spans while tracing."""
+        engine = self._engine
+        assert engine is not None
+        engine.seal_logged(native, log, dispatch_ns, launch_ns)
+        spans = self._host_spans
+        if spans is not None:
+            self._record_spans(spans, lease[1], lease[2], dispatch_ns, t_admitted, t_staged, engine.now_ns())
 
     def _launch_cached(self, call: CachedBinding, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
                        log: "_native.RunLog | None", launch_ns: int) -> "tuple[_native.Run, int, Any] | None":
@@ -267,6 +318,7 @@ class Runtime(BaseRuntime["_native.Run"]):
                 plan = hit[1]
                 patches: list[tuple[int, list[Any]]] = []
             else:
+                assert entry.base_key is not None  # learnt by a captured runtime's replay
                 found = capture.lookup(entry.base_key, values)
                 if found is None:
                     return None
@@ -276,7 +328,7 @@ class Runtime(BaseRuntime["_native.Run"]):
                     entry.remember(key, recorded, plan)
             hosts: list[np.ndarray] = []
             staged: list[tuple[int, int, np.ndarray, bool]] = []
-            for (i, _, shape, dtype, nbytes, reads, _, given), addr in zip(entry.hosts, entry.addrs(slot)):
+            for (i, _, shape, dtype, nbytes, reads, _, given, _), addr in zip(entry.hosts, entry.addrs(slot)):
                 host = values[i] if given else np.empty(shape, dtype)
                 staged.append((addr, nbytes, host, reads))
                 hosts.append(host)
@@ -386,23 +438,6 @@ class Runtime(BaseRuntime["_native.Run"]):
     def __repr__(self) -> str:
         state = "closed" if self._closed else f"depth={self.depth} workers={self.workers}"
         return f"<Runtime {self.program.name} {state}>"
-
-
-def _slot_view(slot: Slot, name: str, shape: tuple[int, ...], spec: TensorSpec) -> tuple[DeviceTensor, int]:
-    """The slot buffer of `name` viewed at this run's shape, and the buffer's address.
-
-    Cached: shapes repeat run after run.
-    """
-    cache = slot.views
-    key = (name, shape)
-    hit = cache.get(key)
-    if hit is None:
-        buf = slot.buffers[name]
-        hit = (DeviceTensor(buf, 0, shape, contiguous_strides(shape), spec.dtype), buf.addr)
-        if len(cache) > 64:
-            cache.clear()
-        cache[key] = hit
-    return hit
 
 
 def _wait_through_interrupts(native: "_native.Run") -> KeyboardInterrupt | None:

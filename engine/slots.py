@@ -18,12 +18,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeAlias
 
 from engine import _native
+from engine.dtypes import DType
 from engine.orchestration import ScratchArena
+from engine.tensor import DeviceTensor, contiguous_strides
 
 if TYPE_CHECKING:
     from engine.tensor import Allocation
 
-__all__ = ["Slot", "SlotLease", "StaleLeaseError"]
+__all__ = ["Slot", "SlotLease", "StaleLeaseError", "slot_view"]
 
 
 StaleLeaseError = _native.StaleLeaseError
@@ -47,3 +49,20 @@ class Slot:
 
     def __post_init__(self) -> None:
         self.arena = ScratchArena(self.scratch, 0, self.scratch.size if self.scratch is not None else 0)
+
+
+def slot_view(slot: Slot, name: str, shape: tuple[int, ...], dtype: DType) -> tuple[DeviceTensor, int]:
+    """The slot buffer of `name` viewed at a run's shape, and the buffer's address.
+
+    Cached: shapes repeat run after run.
+    """
+    cache = slot.views
+    key = (name, shape)
+    hit = cache.get(key)
+    if hit is None:
+        buf = slot.buffers[name]
+        hit = (DeviceTensor(buf, 0, shape, contiguous_strides(shape), dtype), buf.addr)
+        if len(cache) > 64:
+            cache.clear()
+        cache[key] = hit
+    return hit

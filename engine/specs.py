@@ -77,6 +77,8 @@ class Scalar:
             raise TypeError(f"Scalar type must be int, float or bool, not {self.type!r}")
 
     def check(self, name: str, value: object) -> object:
+        if type(value) is self.type:  # the common case: exactly the declared type (bool is not int here)
+            return value
         ok = isinstance(value, bool) if self.type is bool else (
             isinstance(value, self.type) and not isinstance(value, bool)
             or (self.type is float and isinstance(value, int) and not isinstance(value, bool))

@@ -1,5 +1,5 @@
-"""The hit path of captured runs (engine.call_cache): calls shaped like a replayed one skip binding logic,
-and still see every check, every value and every recording change the full path would."""
+"""The call cache's hit path (engine.call_cache): calls shaped like an earlier one skip binding logic, and
+still see every check, every value and (captured) every recording change the full path would."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import engine
-from engine import In, Out, Scalar
+from engine import In, InOut, Out, Scalar
 from engine import kernels as K
 from engine.binding import BoundCall
 from engine.call_cache import CachedBinding
@@ -233,3 +233,87 @@ def test_close_forgets_the_cached_calls(prepared):
     assert not rt._calls._entries
     with pytest.raises(engine.ClosedError):
         rt(f32(4, 8), w, alpha=1.0)
+
+
+# -- uncaptured runtimes: the same hit path, then the orchestration function runs as always -------------------
+@engine.program
+def accumulate(run: engine.Run, x: In(("B", 8)), acc: InOut(("B", 8)), y: Out(("B", 8)), k: Scalar(float),
+               *, n: Scalar(int)):
+    h = run.scratch(("B", 8))
+    run.submit(K.scale, x, out=h, alpha=k)
+    for _ in range(n):  # read by the orchestration: fine uncaptured, it runs every call
+        run.submit(K.add, acc, h, out=acc)
+    run.submit(K.copy, acc, out=y)
+
+
+def test_an_uncaptured_runtime_binds_repeated_calls_from_the_cache_and_runs_its_orchestration_each_time(prepared):
+    rt = prepared(accumulate, bounds={"B": 8})
+    x = f32(4, 8)
+    acc = np.zeros((4, 8), np.float32)
+    assert isinstance(rt.bind((x, acc), {"k": 1.0, "n": 1}), BoundCall)  # nothing launched yet
+    rt(x, acc, k=1.0, n=1)  # launched through the full path: learnt
+    assert isinstance(rt.bind((x, acc), {"k": 1.0, "n": 1}), CachedBinding)
+    expect = x.copy()
+    outs = []
+    for k, n in ((2.0, 1), (0.5, 3), (-1.0, 0), (1, 2)):  # an int for the float Scalar: its own signature
+        a, y = rt(x, acc, k=k, n=n)
+        expect = expect + n * (np.float32(k) * x)
+        assert a is acc
+        np.testing.assert_allclose(acc, expect, rtol=1e-5)  # the InOut array is updated in place
+        np.testing.assert_allclose(y, expect, rtol=1e-5)
+        outs.append(y)
+    assert len({id(y) for y in outs}) == 4 and not np.shares_memory(outs[0], outs[1])
+    with pytest.raises(TypeError, match="expected a int"):
+        rt(x, acc, k=1.0, n=1.5)  # the value checks run on the hit path
+    with pytest.raises(ValueError, match="too large for a float"):
+        rt(x, acc, k=10**400, n=1)
+    np.testing.assert_allclose(rt(x, acc, k=0.0, n=1)[1], expect, rtol=1e-5)  # still usable
+
+
+def test_an_uncaptured_hit_whose_orchestration_raises_frees_its_slot(prepared):
+    @engine.program
+    def picky(run: engine.Run, x: In((4,)), y: Out((4,)), k: Scalar(int)):
+        if k < 0:
+            raise ValueError("k must not be negative")
+        run.submit(K.scale, x, out=y, alpha=float(k))
+
+    rt = prepared(picky, depth=2)
+    x = f32(4)
+    for _ in range(2):
+        rt(x, k=1)
+    assert isinstance(rt.bind((x,), {"k": 1}), CachedBinding)
+    for _ in range(3):  # more failures than slots: each one gave its slot back
+        with pytest.raises(ValueError, match="must not be negative"):
+            rt(x, k=-1)
+    np.testing.assert_allclose(rt(x, k=3), 3 * x)
+    assert rt.memory_stats()["free_slots"] == 2
+
+
+def test_an_uncaptured_hit_with_a_freed_resident_tensor_takes_the_full_path_and_its_error(prepared):
+    rt = prepared(mlp, bounds={"B": 8})
+    w = f32(8, 8)
+    wd = rt.alloc_tensor((8, 8), init=w)
+    x = f32(4, 8)
+    for _ in range(2):
+        np.testing.assert_allclose(rt(x, wd, alpha=2.0), mlp_ref(x, w, 2.0), rtol=1e-5, atol=1e-5)
+    assert isinstance(rt.bind((x, wd), {"alpha": 2.0}), CachedBinding)
+    rt.free_tensor(wd)
+    with pytest.raises(ValueError, match="freed"):
+        rt(x, wd, alpha=2.0)
+
+
+def test_an_uncaptured_hit_is_traced_with_its_host_spans(prepared):
+    rt = prepared(mlp, bounds={"B": 8})
+    w, x = f32(8, 8), f32(4, 8)
+    rt(x, w, alpha=1.0)
+    rt.set_tracing(True)
+    rt.drain_trace()
+    assert isinstance(rt.bind((x, w), {"alpha": 1.0}), CachedBinding)
+    handles = [rt.submit(x, w, alpha=1.0) for _ in range(3)]
+    for h in handles:
+        np.testing.assert_allclose(h.result(), mlp_ref(x, w, 1.0), rtol=1e-5, atol=1e-5)
+    spans, events = rt.drain_trace()
+    runs = {h.id for h in handles}
+    for name in ("staging", "orchestration"):
+        assert {(r, n) for r, _, n, _, _ in spans if n == name} == {(r, name) for r in runs}
+    assert {e[0] for e in events} == runs
