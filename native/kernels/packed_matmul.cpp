@@ -8,10 +8,12 @@
 // Why: at few rows (a batch-1 forward, a decode step) a matmul is bound by
 // reading its weights, and sgemm packs the whole weight matrix on every call
 // before it computes. Packed once, a panel streams from memory in one
-// sequential pass per call while a 6 x 16 register block of out accumulates
-// (the BLIS Haswell shape: 6 rows x 16 columns of accumulators, a 16-column
-// row of the panel and one broadcast element of a per step). Rows of a are
-// read from cache: a whole row block of a is a few kB at these sizes.
+// sequential pass per call while a register block of out accumulates. Where
+// the CPU has AVX-512 the block is 8 rows x three panels of whole 16-lane
+// vectors (24 accumulators of the 32 registers; each broadcast element of a
+// feeds three FMAs). Elsewhere it is 6 rows x one panel in two 8-lane halves
+// (the BLIS Haswell shape for AVX2's 16 registers).
+// Rows of a are read from cache: a whole row block of a is a few kB at these sizes.
 //
 // The epilogue (bias [N], then GELU when activation is 1) runs over each row
 // block of out once its panels are done, while it is still in cache: the add
@@ -84,9 +86,90 @@ TD_INLINE void block(const float* a, int64_t lda, const float* panel, int64_t k,
   }
 }
 
+// The AVX-512 shape: out rows [0, MR) x NP panels side by side (the last one cols wide), one
+// 16-lane accumulator per row and panel. Each broadcast element of a feeds NP FMAs and each panel
+// row MR of them: at 8 x 3 the 24 accumulators, 3 panel rows and a broadcast fill 28 of the 32
+// registers and a step's 24 FMAs outnumber its 11 loads.
+using v16 = simd::vfloat;
+constexpr int kMRWhole = 8;
+constexpr int kNPWhole = 3;
+
+template <int MR, int NP>
+TD_INLINE void block_whole(const float* a, int64_t lda, const float* panels, int64_t k, float* c, int64_t ldc,
+                           int cols, float alpha, float beta) {
+  v16 acc[MR][NP];
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r)
+#pragma GCC unroll 3
+    for (int j = 0; j < NP; ++j) acc[r][j] = v16{};
+  const int64_t panel_size = k * kNR;
+  for (int64_t kk = 0; kk < k; ++kk) {
+    v16 b[NP];
+#pragma GCC unroll 3
+    for (int j = 0; j < NP; ++j) b[j] = simd::load(panels + j * panel_size + kk * kNR);
+#pragma GCC unroll 8
+    for (int r = 0; r < MR; ++r) {
+      const v16 x = simd::splat(a[r * lda + kk]);
+#pragma GCC unroll 3
+      for (int j = 0; j < NP; ++j) acc[r][j] += x * b[j];
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < MR; ++r) {
+#pragma GCC unroll 3
+    for (int j = 0; j < NP; ++j) {
+      v16 v = acc[r][j];
+      if (alpha != 1.0f) v *= alpha;
+      float* cr = c + r * ldc + j * kNR;
+      const int w = j == NP - 1 ? cols : kNR;
+      if (w == kNR) {
+        if (beta != 0.0f) v += beta * simd::load(cr);  // beta == 0: out is not read (NaN in it ignored)
+        simd::store(cr, v);
+      } else {
+        float tmp[kNR];
+        simd::store(tmp, v);
+        for (int q = 0; q < w; ++q) cr[q] = beta != 0.0f ? tmp[q] + beta * cr[q] : tmp[q];
+      }
+    }
+  }
+}
+
+// Every row of out against NP panels: blocks of kMRWhole rows, then one of the m % kMRWhole left.
+template <int NP>
+TD_INLINE void panels_whole(const float* a, int64_t lda, const float* panels, int64_t k, float* c, int64_t ldc,
+                            int64_t m, int cols, float alpha, float beta) {
+  int64_t i = 0;
+  for (; i + kMRWhole <= m; i += kMRWhole)
+    block_whole<kMRWhole, NP>(a + i * lda, lda, panels, k, c + i * ldc, ldc, cols, alpha, beta);
+  const float* ar = a + i * lda;
+  float* cr = c + i * ldc;
+  switch (m - i) {
+    case 7: block_whole<7, NP>(ar, lda, panels, k, cr, ldc, cols, alpha, beta); break;
+    case 6: block_whole<6, NP>(ar, lda, panels, k, cr, ldc, cols, alpha, beta); break;
+    case 5: block_whole<5, NP>(ar, lda, panels, k, cr, ldc, cols, alpha, beta); break;
+    case 4: block_whole<4, NP>(ar, lda, panels, k, cr, ldc, cols, alpha, beta); break;
+    case 3: block_whole<3, NP>(ar, lda, panels, k, cr, ldc, cols, alpha, beta); break;
+    case 2: block_whole<2, NP>(ar, lda, panels, k, cr, ldc, cols, alpha, beta); break;
+    case 1: block_whole<1, NP>(ar, lda, panels, k, cr, ldc, cols, alpha, beta); break;
+    default: break;
+  }
+}
+
 TD_CLONES void packed_gemm(const float* a, int64_t lda, const float* bp, int64_t k, float* c, int64_t ldc, int64_t m,
                            int64_t n, float alpha, float beta) {
   const int64_t panels = (n + kNR - 1) / kNR;
+  if (simd::kWholeVectorSelects) {  // AVX-512 (see simd.hpp): whole-vector blocks over three panels at a time
+    for (int64_t p = 0; p < panels; p += kNPWhole) {
+      const int np = static_cast<int>(std::min<int64_t>(kNPWhole, panels - p));
+      const int cols = static_cast<int>(std::min<int64_t>(kNR, n - (p + np - 1) * kNR));  // of the group's last
+      const float* group = bp + p * k * kNR;
+      float* cp = c + p * kNR;
+      if (np == 3) panels_whole<3>(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
+      else if (np == 2) panels_whole<2>(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
+      else panels_whole<1>(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
+    }
+    return;
+  }
   for (int64_t p = 0; p < panels; ++p) {
     const float* panel = bp + p * k * kNR;
     const int cols = static_cast<int>(std::min<int64_t>(kNR, n - p * kNR));

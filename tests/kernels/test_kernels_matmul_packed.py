@@ -1,7 +1,8 @@
 """matmul_packed (B panel-packed once by pack_panels) against float64 numpy.
 
-Every register-block remainder (rows 1..5 past multiples of 6), partial last
-panels, K of 1 and odd K, batch axes folded into rows, row-strided a and out,
+Every register-block remainder of both shapes (AVX-512: rows 1..7 past
+multiples of 8, panels in groups of three with one or two left; elsewhere rows
+1..5 past multiples of 6), partial last panels, K of 1 and odd K, batch axes folded into rows, row-strided a and out,
 column slices along panels (how a model splits a matmul across workers),
 alpha / beta, beta == 0 ignoring NaN in out, and the errors a bad call gets
 before anything runs. Tolerance as test_kernels_matmul's float32.
@@ -40,8 +41,8 @@ def test_pack_panels_lays_out_sixteen_column_panels():
         K.pack_panels(b[0])
 
 
-@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 11, 12, 13, 17, 64])
-@pytest.mark.parametrize("kn", [(1, 1), (7, 16), (33, 17), (384, 40), (130, 100)], ids=str)
+@pytest.mark.parametrize("m", [1, 2, 3, 4, 5, 6, 7, 8, 11, 12, 13, 14, 15, 16, 17, 23, 64])
+@pytest.mark.parametrize("kn", [(1, 1), (7, 16), (33, 17), (384, 40), (130, 100), (20, 64), (9, 80)], ids=str)
 def test_sizes(rng, m, kn):
     k, n = kn
     a = tensor(rng.standard_normal((m, k)), float32)
