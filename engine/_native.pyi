@@ -117,6 +117,7 @@ def call_kernel(name: str, tensors: list[tuple[_HostBufferT, int, int]], scalars
     """Runs a built-in kernel synchronously over (buffer, dtype_code, access) tuples and int/float scalars."""
 
 def builtin_kernel_names() -> list[str]: ...
+def packed_matmul_whole_vectors() -> bool: ...
 
 # engine.cpp
 

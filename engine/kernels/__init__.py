@@ -39,12 +39,12 @@ from engine.kernels.builtins import (
     transpose,
 )
 from engine.kernels import host
-from engine.kernels.packing import pack_panels, packed_shape
+from engine.kernels.packing import pack_panels, packed_max_rows, packed_shape
 from engine.kernels.signature import READ, READWRITE, REQUIRED, WRITE, Binding, Call, Kernel, Param
 
 __all__ = [
     "Kernel", "Param", "Binding", "Call", "READ", "WRITE", "READWRITE", "REQUIRED", "BUILTINS", "host",
-    "matmul", "matmul_packed", "pack_panels", "packed_shape", "add", "sub", "mul", "div", "scale", "relu", "gelu", "silu", "tanh", "exp",
+    "matmul", "matmul_packed", "pack_panels", "packed_max_rows", "packed_shape", "add", "sub", "mul", "div", "scale", "relu", "gelu", "silu", "tanh", "exp",
     "softmax", "layernorm", "rmsnorm", "l2_normalize", "sum", "mean", "max", "argmax", "mean_pool",
     "embedding", "attention", "cast", "transpose", "copy", "fill", "noop", "spin",
 ]  # fmt: skip

@@ -4,9 +4,25 @@ from __future__ import annotations
 
 import numpy as np
 
+from engine import _native
 from engine.kernels._checks import PANEL
 
-__all__ = ["PANEL", "pack_panels", "packed_shape"]
+__all__ = ["PANEL", "pack_panels", "packed_max_rows", "packed_shape"]
+
+# Rows per call up to which the AVX2 block (6 rows x one panel in 8-lane halves) is ahead of sgemm, whose
+# per-call packing of the whole weight matrix is what few rows cannot amortise.
+_HALVES_MAX_ROWS = 128
+
+
+def packed_max_rows() -> int | None:
+    """Rows per call up to which matmul_packed outruns sgemm (`matmul`) on this CPU; None: at any count.
+
+    With AVX-512 its register block (8 rows x three 16-column panels of whole vectors) beats the
+    sgemm of scipy-openblas32 at every row count measured, and its epilogue adds the bias and the
+    GELU that would otherwise be tasks of their own (benchmarks/README.md); elsewhere it is the
+    kernel for few rows (a batch-1 forward, a decode step).
+    """
+    return None if _native.packed_matmul_whole_vectors() else _HALVES_MAX_ROWS
 
 
 def packed_shape(k: int, n: int) -> tuple[int, int, int]:

@@ -48,8 +48,9 @@ _MASK_PENALTY = 1e9
 # Token rows per worker below which matmuls are split by output columns rather than rows.
 MIN_CHUNK_ROWS = 128
 # Rows per matmul task up to which the panel-packed weights are read (matmul_packed: each weight
-# streamed once) instead of sgemm packing the weight matrix on every call (benchmarks/README.md).
-PACKED_MAX_ROWS = 128
+# streamed once, bias and GELU in its epilogue) instead of sgemm packing the weight matrix on every
+# call: the kernel's own answer for this CPU, None (always) where it has AVX-512 (benchmarks/README.md).
+PACKED_MAX_ROWS: int | None = K.packed_max_rows()
 _LINE = 16  # float32 columns per 64-byte line
 assert _LINE % PANEL == 0  # so a column range on lines is a range of whole panels
 
@@ -112,11 +113,11 @@ def column_ranges(n: int, parts: int) -> list[tuple[int, int]]:
 
 
 def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_CHUNK_ROWS,
-                  packed_max_rows: int = PACKED_MAX_ROWS) -> engine.Program:
+                  packed_max_rows: int | None = PACKED_MAX_ROWS) -> engine.Program:
     """The encoder program for one model shape: (ids, mask, params) -> embeddings.
 
     min_chunk_rows: below this many token rows per worker, matmuls split by columns.
-    packed_max_rows: up to this many rows per matmul task, the panel-packed weights are used.
+    packed_max_rows: up to this many rows per matmul task, the panel-packed weights are used (None: always).
     """
     hidden, heads, dh = cfg.hidden, cfg.heads, cfg.head_dim
     views = _WeightViews(layout)
@@ -160,7 +161,7 @@ def build_program(cfg: BertConfig, layout: Layout, *, min_chunk_rows: int = MIN_
         by_columns = len(chunks) > 1 and tokens < min_chunk_rows * len(chunks)
 
         task_rows = tokens if by_columns else max(r1 - r0 for r0, r1, _ in chunks)
-        packed = task_rows <= packed_max_rows
+        packed = packed_max_rows is None or task_rows <= packed_max_rows
 
         def dense(a: engine.DeviceTensor, name: str, dst: engine.DeviceTensor, beta: float = 0.0,
                   gelu: bool = False) -> None:

@@ -125,6 +125,8 @@ void bind_kernels(py::module_& m) {
         return names;
       },
       "Names of the built-in kernels.");
+  m.def("packed_matmul_whole_vectors", &kernels::packed_matmul_whole_vectors,
+        "Whether matmul_packed runs its AVX-512 register block on this CPU (read once).");
 }
 
 }  // namespace tandem::bindings

@@ -51,6 +51,10 @@ TANDEM_KERNEL(mean_pool);  // (x, mask, out)
 // attention.cpp
 TANDEM_KERNEL(attention);  // (q, k, v, [mask,] out; scale, causal, kv_len: -1 = all)
 
+// Whether matmul_packed runs its AVX-512 register block on this CPU (8 rows x three whole-vector
+// panels): then it outruns sgemm at every row count; its AVX2 block is for few rows.
+bool packed_matmul_whole_vectors();
+
 struct BuiltinKernel {
   const char* name;
   td_kernel_fn fn;

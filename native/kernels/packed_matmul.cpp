@@ -196,6 +196,8 @@ bool rows_of(const td_tensor& t, int64_t* rows, int64_t* row_stride) {
 
 }  // namespace
 
+bool packed_matmul_whole_vectors() { return simd::kWholeVectorSelects; }
+
 TANDEM_KERNEL(matmul_packed) {
   if (args->n_tensors != 3 && args->n_tensors != 4)
     return fail(err, err_len, "matmul_packed: expected tensors (a, bp, [bias,] out), got %d", args->n_tensors);

@@ -8,8 +8,9 @@ import pytest
 
 pytest.importorskip("tokenizers", reason="needs the models extra: pip install '.[models]'")
 
-from examples.minilm.model import MiniLMEncoder, column_ranges, row_chunks  # noqa: E402
-from examples.minilm.weights import load_config, pack_weights  # noqa: E402
+from engine import kernels as K  # noqa: E402
+from examples.minilm.model import MiniLMEncoder, build_program, column_ranges, row_chunks  # noqa: E402
+from examples.minilm.weights import load_config, load_weights, pack_weights  # noqa: E402
 
 from .conftest import MAX_ABS_DIFF, MIN_COSINE, cosine  # noqa: E402
 
@@ -171,20 +172,42 @@ async def test_aencode_from_concurrent_tasks(minilm_encoder):
 
 def _kernels_of_one_run(enc, texts: list[str]) -> set[str]:
     ids, mask = enc.pad(enc.tokenize(texts))
-    rt = enc.runtime
+    return _kernels_of_one_run_on(enc.runtime, ids, mask, enc.params)
+
+
+def _kernels_of_one_run_on(rt, ids: np.ndarray, mask: np.ndarray, params) -> set[str]:
     rt.set_tracing(True)
     try:
-        rt(ids, mask, enc.params)
+        rt(ids, mask, params)
         _, events = rt.drain_trace()
     finally:
         rt.set_tracing(False)
     return {e[5] for e in events}
 
 
-def test_few_rows_read_the_panel_packed_weights_and_many_go_through_sgemm(minilm_encoder):
-    # 2 x 6 tokens: every matmul task has 12 rows, at most PACKED_MAX_ROWS (the varied set above checks
-    # the embeddings of both paths against sentence-transformers).
+def test_matmuls_read_the_panel_packed_weights_where_that_kernel_outruns_sgemm(minilm_encoder):
+    # 2 x 6 tokens: every matmul task has 12 rows, the packed kernel's case on every CPU (the varied set
+    # above checks the embeddings against sentence-transformers).
     few = _kernels_of_one_run(minilm_encoder, ["Hello, world!", "a b c d"])
     assert "matmul_packed" in few and not few & {"matmul", "gelu"}  # bias and GELU: the packed matmul's epilogue
     many = _kernels_of_one_run(minilm_encoder, [words(128, shift=i) for i in range(4)])
-    assert {"matmul", "gelu"} <= many and "matmul_packed" not in many
+    if K.packed_max_rows() is None:  # AVX-512: the packed kernel at any row count
+        assert "matmul_packed" in many and not many & {"matmul", "gelu"}
+    else:
+        assert {"matmul", "gelu"} <= many and "matmul_packed" not in many
+
+
+def test_the_sgemm_path_computes_what_the_packed_path_does(minilm_encoder):
+    """The program with packed_max_rows=0 (sgemm, separate bias and GELU tasks) against the default one,
+    so the path a CPU without AVX-512 takes at many rows stays checked on one that has it."""
+    enc = minilm_encoder
+    ids, mask = enc.pad(enc.tokenize([words(40, shift=i) for i in range(3)] + ["short"]))
+    expected = enc.runtime(ids, mask, enc.params)
+    weights = load_weights(enc.model_dir, enc.config)
+    program = build_program(enc.config, weights.layout, packed_max_rows=0)
+    with program.prepare(bounds={"B": enc.max_batch, "S": enc.max_seq_length}) as rt:
+        params = rt.alloc_tensor((weights.layout.size,), "float32", init=weights.flat)
+        assert "matmul" in _kernels_of_one_run_on(rt, ids, mask, params)
+        got = rt(ids, mask, params)
+    assert cosine(got, expected).min() >= MIN_COSINE
+    assert np.abs(got - expected).max() <= MAX_ABS_DIFF
