@@ -236,7 +236,7 @@ class Runtime(BaseRuntime["_native.Run"]):
                 if base_key is None:
                     for _, view, addr in copy_backs:
                         engine.submit_copy_back(native, view._native_arg(), addr)
-            self._seal(native, lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
+            self._seal(lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
         except BaseException:
             self._abort(native)
             raise
@@ -270,7 +270,7 @@ class Runtime(BaseRuntime["_native.Run"]):
                 hosts.append(host)
             t_staged = engine.now_ns() if spans is not None else 0
             self._orchestrate(native, slot, entry.dims, fn_args, entry.copy_back_views(slot))
-            self._seal(native, lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
+            self._seal(lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
         except BaseException:
             self._abort(native)
             raise
@@ -289,15 +289,16 @@ class Runtime(BaseRuntime["_native.Run"]):
         for view, addr in copy_backs:
             engine.submit_copy_back(native, view._native_arg(), addr)
 
-    def _seal(self, native: "_native.Run", lease: "tuple[_native.Run, int, int]", log: "_native.RunLog | None",
-              dispatch_ns: int, launch_ns: int, t_admitted: int, t_staged: int) -> None:
+    def _seal(self, lease: "tuple[_native.Run, int, int]", log: "_native.RunLog | None", dispatch_ns: int,
+              launch_ns: int, t_admitted: int, t_staged: int) -> None:
         """Seals a launched run (logged); records its host spans while tracing."""
+        native, run_id, slot_index = lease
         engine = self._engine
         assert engine is not None
         engine.seal_logged(native, log, dispatch_ns, launch_ns)
         spans = self._host_spans
         if spans is not None:
-            self._record_spans(spans, lease[1], lease[2], dispatch_ns, t_admitted, t_staged, engine.now_ns())
+            self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, engine.now_ns())
 
     def _launch_cached(self, call: CachedBinding, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
                        log: "_native.RunLog | None", launch_ns: int) -> "tuple[_native.Run, int, Any] | None":
