@@ -28,6 +28,8 @@ from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Mapping, Sequence
 
 
+import numpy as np
+
 from engine.binding import BoundCall, argument_sources, binds_as_is, call_signature
 from engine.dtypes import DType
 from engine.slots import slot_view
@@ -36,7 +38,7 @@ from engine.tensor import DeviceTensor
 
 if TYPE_CHECKING:
     from engine import _native
-    from engine.capture import Capture, Recorded
+    from engine.capture import Recorded
     from engine.program import Program
     from engine.slots import Slot
 
@@ -97,6 +99,14 @@ class CachedCall:
             hit = self._addrs[slot.index] = [slot.buffers[h[1]].addr for h in self.hosts]
         return hit
 
+    def host_arrays(self, values: list[Any]) -> list[np.ndarray]:
+        """Per host parameter, this call's array: the caller's, or a new one for an omitted Out."""
+        return [values[h[0]] if h[7] else np.empty(h[2], h[3]) for h in self.hosts]
+
+    def outputs_of(self, hosts: list[np.ndarray]) -> list[Any]:
+        """The call's outputs in declaration order, its host arrays being `hosts` (host_arrays())."""
+        return [x if kind == "device" else hosts[x] for kind, x in self.outputs]
+
     def views(self, slot: "Slot") -> list[tuple[DeviceTensor, int]]:
         hit = self._views.get(slot.index)
         if hit is None:
@@ -139,9 +149,8 @@ class CachedBinding:
 class CallCache:
     """A runtime's call signatures and what each derived."""
 
-    def __init__(self, program: "Program", capture: "Capture | None", size: int, slots: int) -> None:
+    def __init__(self, program: "Program", size: int, slots: int) -> None:
         self._program = program
-        self._capture = capture
         self._size = size
         self._replays_limit = size * slots
         self._entries: OrderedDict[tuple[Any, ...], CachedCall] = OrderedDict()

@@ -79,7 +79,7 @@ class Runtime(BaseRuntime["_native.Run"]):
             self.scratch_bytes: int = scratch_bytes
             if capture:
                 self._capture = Capture(prog, capture_limit)
-            self._calls = CallCache(prog, self._capture, capture_limit, self.depth)
+            self._calls = CallCache(prog, capture_limit, self.depth)
         except BaseException:
             self._teardown()
             raise
@@ -260,22 +260,19 @@ class Runtime(BaseRuntime["_native.Run"]):
         try:
             acc = slot.accessor
             fn_args = list(values)
-            hosts: list[np.ndarray] = []
-            for (i, _, shape, dtype, nbytes, reads, _, given, _), (view, addr) in zip(entry.hosts, entry.views(slot)):
-                host = values[i] if given else np.empty(shape, dtype)
+            hosts = entry.host_arrays(values)
+            for (i, _, _, _, nbytes, reads, _, _, _), host, (view, addr) in zip(entry.hosts, hosts, entry.views(slot)):
                 acc.add(addr, nbytes, host)
                 if reads:
                     acc.stage_in(addr)
                 fn_args[i] = view
-                hosts.append(host)
             t_staged = engine.now_ns() if spans is not None else 0
             self._orchestrate(native, slot, entry.dims, fn_args, entry.copy_back_views(slot))
             self._seal(lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
         except BaseException:
             self._abort(native)
             raise
-        outputs = [x if kind == "device" else hosts[x] for kind, x in entry.outputs]
-        return native, run_id, (call, outputs)  # the call keeps the arrays alive; nothing to write back
+        return native, run_id, (call, entry.outputs_of(hosts))  # the call keeps the arrays alive; nothing to write back
 
     def _orchestrate(self, native: "_native.Run", slot: Slot, dims: dict[str, int], fn_args: list[Any],
                      copy_backs: list[tuple[DeviceTensor, int]]) -> None:
@@ -327,13 +324,9 @@ class Runtime(BaseRuntime["_native.Run"]):
                 plan = capture.plan(recorded, slot, entry.device_args)
                 if not recorded.sites:  # nothing patched per run: the plan is all a replay needs
                     entry.remember(key, recorded, plan)
-            hosts: list[np.ndarray] = []
-            staged: list[tuple[int, int, np.ndarray, bool]] = []
-            for (i, _, shape, dtype, nbytes, reads, _, given, _), addr in zip(entry.hosts, entry.addrs(slot)):
-                host = values[i] if given else np.empty(shape, dtype)
-                staged.append((addr, nbytes, host, reads))
-                hosts.append(host)
-            outputs = [x if kind == "device" else hosts[x] for kind, x in entry.outputs]
+            hosts = entry.host_arrays(values)
+            staged = [(addr, h[4], host, h[5]) for h, host, addr in zip(entry.hosts, hosts, entry.addrs(slot))]
+            outputs = entry.outputs_of(hosts)
             t_staged = engine.now_ns() if spans is not None else 0
             engine.launch_replay(native, staged, plan, patches, entry.copy_backs(slot, capture.tensor_base), log,
                                  dispatch_ns, launch_ns)

@@ -44,7 +44,22 @@ constexpr int kMR = 6;
 // (a 64-byte vector type would be split piecewise on AVX2 and spilled).
 using v8 = simd::vhalf;
 TD_INLINE v8 load8(const float* p) { return simd::load_as<v8>(p); }
-TD_INLINE void store8(float* p, const v8& v) { simd::store_as(p, v); }
+
+using v16 = simd::vfloat;
+
+// One row of one panel of out from its 16 accumulated lanes: times alpha, plus beta * out (not read
+// when beta == 0: NaN in it ignored), the first `cols` columns stored.
+TD_INLINE void store_row(float* cr, v16 v, int cols, float alpha, float beta) {
+  if (alpha != 1.0f) v *= alpha;
+  if (cols == kNR) {
+    if (beta != 0.0f) v += beta * simd::load(cr);
+    simd::store(cr, v);
+    return;
+  }
+  float tmp[kNR];
+  simd::store(tmp, v);
+  for (int j = 0; j < cols; ++j) cr[j] = beta != 0.0f ? tmp[j] + beta * cr[j] : tmp[j];
+}
 
 // out rows [0, MR) x panel columns [0, cols) of one panel.
 template <int MR>
@@ -63,34 +78,13 @@ TD_INLINE void block(const float* a, int64_t lda, const float* panel, int64_t k,
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
-    v8 v0 = lo[r], v1 = hi[r];
-    if (alpha != 1.0f) {
-      v0 *= alpha;
-      v1 *= alpha;
-    }
-    float* cr = c + r * ldc;
-    if (cols == kNR) {
-      if (beta != 0.0f) {  // beta == 0: out is not read (NaN in it ignored)
-        v0 += beta * load8(cr);
-        v1 += beta * load8(cr + 8);
-      }
-      store8(cr, v0);
-      store8(cr + 8, v1);
-    } else {
-      float tmp[kNR];
-      store8(tmp, v0);
-      store8(tmp + 8, v1);
-      for (int j = 0; j < cols; ++j) cr[j] = beta != 0.0f ? tmp[j] + beta * cr[j] : tmp[j];
-    }
-  }
+  for (int r = 0; r < MR; ++r) store_row(c + r * ldc, simd::join(lo[r], hi[r]), cols, alpha, beta);
 }
 
 // The AVX-512 shape: out rows [0, MR) x NP panels side by side (the last one cols wide), one
 // 16-lane accumulator per row and panel. Each broadcast element of a feeds NP FMAs and each panel
 // row MR of them: at 8 x 3 the 24 accumulators, 3 panel rows and a broadcast fill 28 of the 32
 // registers and a step's 24 FMAs outnumber its 11 loads.
-using v16 = simd::vfloat;
 constexpr int kMRWhole = 8;
 constexpr int kNPWhole = 3;
 
@@ -115,23 +109,10 @@ TD_INLINE void block_whole(const float* a, int64_t lda, const float* panels, int
     }
   }
 #pragma GCC unroll 8
-  for (int r = 0; r < MR; ++r) {
+  for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 3
-    for (int j = 0; j < NP; ++j) {
-      v16 v = acc[r][j];
-      if (alpha != 1.0f) v *= alpha;
-      float* cr = c + r * ldc + j * kNR;
-      const int w = j == NP - 1 ? cols : kNR;
-      if (w == kNR) {
-        if (beta != 0.0f) v += beta * simd::load(cr);  // beta == 0: out is not read (NaN in it ignored)
-        simd::store(cr, v);
-      } else {
-        float tmp[kNR];
-        simd::store(tmp, v);
-        for (int q = 0; q < w; ++q) cr[q] = beta != 0.0f ? tmp[q] + beta * cr[q] : tmp[q];
-      }
-    }
-  }
+    for (int j = 0; j < NP; ++j)
+      store_row(c + r * ldc + j * kNR, acc[r][j], j == NP - 1 ? cols : kNR, alpha, beta);
 }
 
 // Every row of out against NP panels: blocks of kMRWhole rows, then one of the m % kMRWhole left.
@@ -158,7 +139,7 @@ TD_INLINE void panels_whole(const float* a, int64_t lda, const float* panels, in
 TD_CLONES void packed_gemm(const float* a, int64_t lda, const float* bp, int64_t k, float* c, int64_t ldc, int64_t m,
                            int64_t n, float alpha, float beta) {
   const int64_t panels = (n + kNR - 1) / kNR;
-  if (simd::kWholeVectorSelects) {  // AVX-512 (see simd.hpp): whole-vector blocks over three panels at a time
+  if (simd::kWholeVectors) {  // AVX-512 (see simd.hpp): whole-vector blocks over three panels at a time
     for (int64_t p = 0; p < panels; p += kNPWhole) {
       const int np = static_cast<int>(std::min<int64_t>(kNPWhole, panels - p));
       const int cols = static_cast<int>(std::min<int64_t>(kNR, n - (p + np - 1) * kNR));  // of the group's last
@@ -196,7 +177,7 @@ bool rows_of(const td_tensor& t, int64_t* rows, int64_t* row_stride) {
 
 }  // namespace
 
-bool packed_matmul_whole_vectors() { return simd::kWholeVectorSelects; }
+bool packed_matmul_whole_vectors() { return simd::kWholeVectors; }
 
 TANDEM_KERNEL(matmul_packed) {
   if (args->n_tensors != 3 && args->n_tensors != 4)

@@ -60,12 +60,13 @@ TD_INLINE vfloat from_bits(const vint& v) { return __builtin_bit_cast(vfloat, v)
 // halves: GCC lowers comparisons and selects of 64-byte vectors lane by lane there (scalar
 // compares, blends and spills), while 32-byte ones become one vcmpps / vblendvps each. Which one
 // is a property of the CPU, read once: a TD_CLONES variant cannot know at compile time which
-// clone it is, and the branch on a constant is free in a loop.
+// clone it is, and the branch on a constant is free in a loop. (matmul_packed picks its
+// whole-vector register block by the same constant.)
 typedef float vhalf __attribute__((vector_size(32)));
 #ifdef TD_WHOLE_VECTORS_WITH_AVX512
-inline const bool kWholeVectorSelects = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+inline const bool kWholeVectors = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
 #else
-constexpr bool kWholeVectorSelects = false;  // a one-variant build (TD_CLONES given: the sanitizers') checks halves
+constexpr bool kWholeVectors = false;  // a one-variant build (TD_CLONES given: the sanitizers') checks halves
 #endif
 template <class V>
 using mask_of = decltype(V{} < V{});
@@ -145,7 +146,7 @@ TD_INLINE V exp_of(const V& x) {
   return over ? splat_as<V>(__builtin_inff()) : y;
 }
 TD_INLINE vfloat exp(const vfloat& x) {
-  if (kWholeVectorSelects) return exp_of(x);
+  if (kWholeVectors) return exp_of(x);
   return join(exp_of(low_half(x)), exp_of(high_half(x)));
 }
 
@@ -171,7 +172,7 @@ TD_INLINE V tanh_of(const V& x) {
   return saturated ? __builtin_bit_cast(V, bits_of(splat_as<V>(1.0f)) | bits_of(sign_of(x))) : y;
 }
 TD_INLINE vfloat tanh(const vfloat& x) {
-  if (kWholeVectorSelects) return tanh_of(x);
+  if (kWholeVectors) return tanh_of(x);
   return join(tanh_of(low_half(x)), tanh_of(high_half(x)));
 }
 
@@ -207,7 +208,7 @@ TD_INLINE V erf_of(const V& z) {
   return zc * p / q;
 }
 TD_INLINE vfloat erf(const vfloat& z) {
-  if (kWholeVectorSelects) return erf_of(z);
+  if (kWholeVectors) return erf_of(z);
   return join(erf_of(low_half(z)), erf_of(high_half(z)));
 }
 
