@@ -346,3 +346,7 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """tasks_submitted, tasks_executed, tasks_skipped, runs_started, runs_completed, runs_live,
         tracker_records, tracker_allocations, queued, workers."""
+
+def wait_readable(fds: Sequence[SupportsIndex], spin_us: SupportsIndex, timeout_ms: SupportsIndex = -1) -> list[int]:
+    """Indexes of the fds readable (or hung up): polls for up to spin_us, then sleeps up to timeout_ms (negative:
+    no limit). Empty on timeout or when a signal interrupted the sleep. Releases the GIL."""

@@ -22,15 +22,6 @@ __all__ = ["ProgramSpec", "RegionSpec", "Setup", "Ready", "SetupFailed", "Call",
            "Stop", "portable_error", "encode", "decode"]
 
 
-def encode(msg: Any) -> bytes:
-    """One message as bytes. Plain pickle: multiprocessing's Connection.send uses ForkingPickler,
-    which copies its reducer table for every message (a measurable share of a small run)."""
-    return pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
-
-
-decode = pickle.loads
-
-
 class ProgramSpec(NamedTuple):
     """A registered sub-program: where the worker imports it from, and how it is sized."""
 
@@ -119,3 +110,21 @@ def portable_error(e: BaseException) -> BaseException:
     except Exception:
         tb = "".join(traceback.format_exception(type(e), e, e.__traceback__))
         return RuntimeError(f"{type(e).__name__}: {e}\n{tb}")
+
+
+# Messages travel as (kind, fields): pickling a NamedTuple itself goes through copyreg and a class lookup by
+# name on both ends, 4-5x the cost of its plain fields for the small messages every run sends.
+_KINDS: tuple[type, ...] = (Setup, Ready, SetupFailed, Call, Done, MemoryOp, Result, Stop)
+_KIND_OF = {kind: i for i, kind in enumerate(_KINDS)}
+
+
+def encode(msg: Any) -> bytes:
+    """One message as bytes. Plain pickle: multiprocessing's Connection.send uses ForkingPickler,
+    which copies its reducer table for every message (a measurable share of a small run)."""
+    return pickle.dumps((_KIND_OF[type(msg)], tuple(msg)), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def decode(data: bytes) -> Any:
+    """The message encode() made."""
+    kind, fields = pickle.loads(data)
+    return tuple.__new__(_KINDS[kind], fields)

@@ -35,7 +35,6 @@ import multiprocessing
 import os
 import secrets
 import select
-import selectors
 import signal
 import threading
 import time
@@ -43,8 +42,11 @@ from multiprocessing import connection
 from multiprocessing.shared_memory import SharedMemory
 from typing import Any, Callable, Sequence
 
+from engine import _native
 from engine.distributed.errors import WorkerDiedError
 from engine.distributed.protocol import Ready, Setup, SetupFailed, Stop, decode, encode
+from engine.distributed.wire import recv_message, send_message
+from engine.distributed.worker import DEFAULT_SPIN_US
 
 __all__ = ["Region", "Transport", "ProcessTransport", "OnMessage", "OnExit", "describe_exit"]
 
@@ -143,14 +145,27 @@ class _SharedRegion(Region):
 
 
 class ProcessTransport(Transport):
-    """Chip workers as local processes, a socket pair each for messages, POSIX shared memory for tensor bytes."""
+    """Chip workers as local processes, a socket pair each for messages, POSIX shared memory for tensor bytes.
 
-    def __init__(self, workers: int, start_method: str = "spawn") -> None:
+    spin_us: how long a reader polls for its next message before sleeping,
+    as the engine pool's idle workers do: an idle worker for the next
+    request, the host's receiving thread for a reply while one is due. A
+    message that finds its reader asleep waits for a wake-up first (tens of
+    microseconds under a hypervisor). The receiving thread sleeps while no
+    reply is due, so it takes no core from the orchestrating thread, and a
+    request sent while it sleeps wakes it, so it is polling by the time the
+    reply comes. 0: every reader sleeps at once.
+    """
+
+    def __init__(self, workers: int, start_method: str = "spawn", spin_us: int = DEFAULT_SPIN_US) -> None:
         if start_method not in ("spawn", "forkserver"):
             raise ValueError(f"start_method must be 'spawn' or 'forkserver' (never 'fork': the host has threads), "
                              f"not {start_method!r}")
+        if isinstance(spin_us, bool) or not isinstance(spin_us, int) or spin_us < 0:
+            raise ValueError(f"spin_us must be an int >= 0, got {spin_us!r}")
         self.workers = workers
         self.start_method = start_method
+        self.spin_us = spin_us
         # Each literal, so the context's type (SpawnContext or ForkServerContext) has Process and Pipe.
         self._ctx = (multiprocessing.get_context("spawn") if start_method == "spawn"
                      else multiprocessing.get_context("forkserver"))
@@ -163,6 +178,12 @@ class ProcessTransport(Transport):
         self._gone: set[int] = set()
         self._thread: threading.Thread | None = None
         self._wake_r, self._wake_w = os.pipe()
+        self._wake_lock = threading.Lock()  # the wake pipe stays open while a sender writes to it
+        # Requests sent and replies received per worker (each list has one writer: a worker's senders under its
+        # send lock, the receiving thread): a reply is due while one exceeds the other.
+        self._requests: list[int] = []
+        self._replies: list[int] = []
+        self._receiver_asleep = False  # the receiving thread sleeps with no reply due: a request wakes it
         self._stopping = False
         self._stopped = False
         self._stop_lock = threading.Lock()
@@ -181,10 +202,13 @@ class ProcessTransport(Transport):
         deadline = time.monotonic() + timeout
         for i, setup in enumerate(setups):
             parent, child = self._ctx.Pipe(duplex=True)
-            proc = self._ctx.Process(target=worker_main, args=(child,), name=f"tandem-chip-worker-{i}", daemon=True)
+            proc = self._ctx.Process(target=worker_main, args=(child, self.spin_us), name=f"tandem-chip-worker-{i}",
+                                     daemon=True)
             self._procs.append(proc)
             self._conns.append(parent)
             self._send_locks.append(threading.Lock())
+            self._requests.append(0)
+            self._replies.append(0)
             try:
                 proc.start()
             finally:
@@ -215,59 +239,70 @@ class ProcessTransport(Transport):
 
     def _receive(self, on_message: OnMessage, on_exit: OnExit) -> None:
         """The receiving thread: every reply in order, then each worker's exit."""
-        sel = selectors.DefaultSelector()  # registered once: a wake-up costs one poll, not a new selector
-        for i, conn in enumerate(self._conns):
-            sel.register(conn, selectors.EVENT_READ, (False, i))
-        for i, proc in enumerate(self._procs):
-            sel.register(proc.sentinel, selectors.EVENT_READ, (True, i))
-        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        # What it watches: (fd, kind, worker). A reply connection leaves once hung up, a sentinel once reaped.
+        watched: list[tuple[int, int, int]] = [(conn.fileno(), _REPLY, i) for i, conn in enumerate(self._conns)]
+        watched += [(proc.sentinel, _EXIT, i) for i, proc in enumerate(self._procs)]
+        watched.append((self._wake_r, _WAKE, -1))
+        fds = [w[0] for w in watched]
+
+        def unwatch(fd: int) -> None:
+            nonlocal fds
+            watched[:] = [w for w in watched if w[0] != fd]
+            fds = [w[0] for w in watched]
 
         def receive(i: int) -> bool:
             """One reply of worker i handled; False once its connection is done with."""
             conn = self._conns[i]
             try:
-                on_message(i, decode(conn.recv_bytes()))
+                msg = decode(recv_message(conn.fileno()))
+                self._replies[i] += 1
+                on_message(i, msg)
                 return True
             except (EOFError, OSError):
-                sel.unregister(conn)  # hung up: its sentinel reports the exit
+                unwatch(conn.fileno())  # hung up: its sentinel reports the exit
             except BaseException as e:  # a reply the host cannot take: never leave runs hanging
-                sel.unregister(conn)
+                unwatch(conn.fileno())
                 self._gone.add(i)
                 on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
             return False
 
-        try:
-            while True:
-                exits = []
-                for key, _ in sel.select():
-                    if key.data is None:
-                        os.read(self._wake_r, 64)
-                        if self._stopping:
-                            return
-                        continue
-                    is_exit, i = key.data
-                    if is_exit:
-                        exits.append((key.fileobj, i))
-                        continue
-                    # One reply per readiness: the selector (level-triggered, registered once) reports the
-                    # next at once. Connection.poll() would build and tear down a selector on every call.
+        while True:
+            exits = []
+            spin = self.spin_us if self._reply_due() else 0
+            if spin == 0:
+                self._receiver_asleep = True
+                if self._reply_due():  # a request sent before its sender could see this thread asleep
+                    spin = self.spin_us
+            # One reply per readiness: the next is reported at once by the next wait.
+            ready = _native.wait_readable(fds, spin)
+            self._receiver_asleep = False
+            for fd, kind, i in [watched[k] for k in ready]:
+                if kind == _WAKE:
+                    os.read(self._wake_r, 64)
+                    if self._stopping:
+                        return
+                elif kind == _EXIT:
+                    exits.append(i)
+                elif any(w[0] == fd for w in watched):  # not unwatched by a reply handled before it
                     receive(i)
-                for sentinel, i in exits:  # after every reply the worker sent before it went
-                    conn = self._conns[i]
-                    while _registered(sel, conn) and conn.poll():
-                        receive(i)
-                    sel.unregister(sentinel)
-                    if _registered(sel, conn):
-                        sel.unregister(conn)
-                    proc = self._procs[i]
-                    # The sentinel fires as the process closes its fds, a moment before it can be
-                    # reaped: wait for that moment so the exit code is known (and no zombie stays).
-                    proc.join(5.0)
-                    self._gone.add(i)
-                    if not self._stopping:
-                        on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
-        finally:
-            sel.close()
+            for i in exits:  # after every reply the worker sent before it went
+                conn, proc = self._conns[i], self._procs[i]
+                conn_fd = conn.fileno()
+                while any(w[0] == conn_fd for w in watched) and conn.poll():
+                    receive(i)
+                unwatch(proc.sentinel)
+                unwatch(conn_fd)
+                # The sentinel fires as the process closes its fds, a moment before it can be
+                # reaped: wait for that moment so the exit code is known (and no zombie stays).
+                proc.join(5.0)
+                self._gone.add(i)
+                if not self._stopping:
+                    on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
+
+    def _reply_due(self) -> bool:
+        """A worker still alive owes a reply (read by the receiving thread; racing a sender is harmless)."""
+        gone = self._gone
+        return any(sent > got and i not in gone for i, (sent, got) in enumerate(zip(self._requests, self._replies)))
 
     def send(self, worker: int, message: Any, block: bool = True) -> bool:
         data = encode(message)
@@ -278,7 +313,14 @@ class ProcessTransport(Transport):
                 # so a message this small goes in without waiting for the worker.
                 if len(data) > _NONBLOCKING_MAX or not _writable(conn):
                     return False
-            conn.send_bytes(data)
+            if conn.closed:  # stop() closes it under this lock: its fd number may be another file's by now
+                raise OSError(f"chip worker {worker}: the transport is stopped")
+            send_message(conn.fileno(), data)
+            self._requests[worker] += 1  # every message sent here (a Call, a MemoryOp) has one reply
+        if self._receiver_asleep:  # so it polls by the time the reply comes, instead of waking for it
+            with self._wake_lock:
+                if not self._stopped:
+                    os.write(self._wake_w, b"r")
         return True
 
     def alive(self, worker: int) -> bool:
@@ -315,32 +357,27 @@ class ProcessTransport(Transport):
             os.write(self._wake_w, b"x")
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join()
-            for conn in self._conns:
-                conn.close()
+            for lock, conn in zip(self._send_locks, self._conns):
+                with lock:  # a sender checks under it that the connection is open (the workers are gone by now:
+                    conn.close()  # a send under way has failed, not waiting on a reader)
             for proc in self._procs:
                 if proc.pid is not None:
                     proc.close()
             for region in self._regions:
                 region.destroy()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
+            with self._wake_lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
 
 
 _NONBLOCKING_MAX = 16 << 10
+_REPLY, _EXIT, _WAKE = 0, 1, 2  # what a watched fd of the receiving thread is
 
 
 def _writable(conn: connection.Connection) -> bool:
     poller = select.poll()
     poller.register(conn.fileno(), select.POLLOUT)
     return bool(poller.poll(0))
-
-
-def _registered(sel: selectors.BaseSelector, fileobj: Any) -> bool:
-    try:
-        sel.get_key(fileobj)
-    except KeyError:
-        return False
-    return True
 
 
 def describe_exit(exitcode: int | None) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import importlib
 import os
 import select
-import selectors
 import signal
 import time
 from multiprocessing import connection
@@ -30,6 +29,7 @@ from engine import _native
 from engine.distributed.program import NO_HOST_CALLBACKS
 from engine.distributed.protocol import (Call, Done, MemoryOp, ProgramSpec, Ready, RegionSpec, Result, Setup,
                                          SetupFailed, Stop, decode, encode, portable_error)
+from engine.distributed.wire import recv_message, send_message
 from engine.dtypes import as_dtype
 from engine.errors import KernelError, RunCancelledError
 from engine.orchestration import ScratchArena
@@ -38,14 +38,17 @@ from engine.program import Program
 from engine.run import Run
 from engine.tensor import Allocation, DeviceTensor
 
-__all__ = ["main", "ChipHost", "resolve_program"]
+__all__ = ["main", "serve", "ChipHost", "resolve_program", "DEFAULT_SPIN_US"]
+
+# How long an idle worker polls for the next request before sleeping: the engine pool's default.
+DEFAULT_SPIN_US = 200
 
 # Ids the worker's engine tracks shared regions by: far above the device's own ids (which count from 1).
 _SHARED_ID_BASE = 1 << 48
 
 
-def main(conn: connection.Connection) -> None:
-    """The process entry point (the target the transport starts)."""
+def main(conn: connection.Connection, spin_us: int = DEFAULT_SPIN_US) -> None:
+    """The process entry point (the target the transport starts); spin_us: see serve()."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when a worker stops
     host: ChipHost | None = None
     try:
@@ -62,47 +65,43 @@ def main(conn: connection.Connection) -> None:
             host.close()
         return
     try:
-        serve(conn, host)
+        serve(conn, host, spin_us)
     finally:
         host.close()
 
 
-def serve(conn: connection.Connection, host: "ChipHost") -> None:
+def serve(conn: connection.Connection, host: "ChipHost", spin_us: int = DEFAULT_SPIN_US) -> None:
     """Requests in, completions out, until Stop or the host hangs up.
 
     This thread is one of the worker's executors (ChipHost's engine is
     caller_runs): it orchestrates every message waiting, then runs the queued
     tasks itself until a message arrives, and reports what completed. A run
     on a one-thread worker so starts and finishes here, with no cross-thread
-    wake-up; it sleeps only with nothing queued, until a message comes or a
-    pool thread (threads > 1) completes a run.
+    wake-up. With nothing queued it waits for a message or for a pool thread
+    (threads > 1) to complete a run: polling for spin_us first, as the pool's
+    idle workers do, since a request that finds this process asleep pays a
+    wake-up (tens of microseconds under a hypervisor) before it is even read.
     """
-    fd = host.notifier_fd
     conn_fd = conn.fileno()
-    sel = selectors.DefaultSelector()  # registered once: each wake-up is one poll
-    sel.register(conn, selectors.EVENT_READ)
-    sel.register(fd, selectors.EVENT_READ)
+    fds = [conn_fd, host.notifier_fd]
     waiting = select.poll()  # "is a message waiting?" in one syscall (Connection.poll() builds a selector per call)
     waiting.register(conn_fd, select.POLLIN)
-    try:
-        while True:
-            try:
-                while waiting.poll(0):
-                    msg = decode(conn.recv_bytes())
-                    if isinstance(msg, Stop):
-                        return
-                    reply = host.handle(msg)
-                    if reply is not None:
-                        conn.send_bytes(encode(reply))
-            except (EOFError, OSError):
-                return
-            host.run_queued(conn_fd)
-            for done in host.completed():
-                conn.send_bytes(encode(done))
-            if not host.queued_tasks:  # else a message interrupted the tasks: read it, then go on
-                sel.select()
-    finally:
-        sel.close()
+    while True:
+        try:
+            while waiting.poll(0):
+                msg = decode(recv_message(conn_fd))
+                if isinstance(msg, Stop):
+                    return
+                reply = host.handle(msg)
+                if reply is not None:
+                    send_message(conn_fd, encode(reply))
+        except (EOFError, OSError):
+            return
+        host.run_queued(conn_fd)
+        for done in host.completed():
+            send_message(conn_fd, encode(done))
+        if not host.queued_tasks:  # else a message interrupted the tasks: read it, then go on
+            _native.wait_readable(fds, spin_us)
 
 
 class _Prepared:

@@ -12,5 +12,6 @@ void bind_slots(pybind11::module_& m);
 void bind_kernels(pybind11::module_& m);
 void bind_observers(pybind11::module_& m);
 void bind_engine(pybind11::module_& m);
+void bind_io(pybind11::module_& m);
 
 }  // namespace tandem::bindings

@@ -12,4 +12,5 @@ PYBIND11_MODULE(_native, m) {
   tandem::bindings::bind_kernels(m);
   tandem::bindings::bind_observers(m);
   tandem::bindings::bind_engine(m);
+  tandem::bindings::bind_io(m);
 }

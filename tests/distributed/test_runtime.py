@@ -272,3 +272,36 @@ def test_orchestration_in_a_thread_and_concurrent_submitters(chain):
         t.join()
     assert errors == []
     assert chain.memory_stats()["free_slots"] == 2
+
+
+@pytest.mark.parametrize("spin_us", [0, 50])
+def test_readers_that_sleep_at_once_or_poll_briefly_lose_nothing(prepare, spin_us):
+    """The transport's readers (each worker, the host's receiving thread) sleep at once with spin_us=0, and with a
+    short spin sleep between the runs of a slow caller: a request sent while the receiving thread sleeps still gets
+    its reply read, for sync calls, runs in flight together, memory calls and awaited runs."""
+    drt = prepare(P.chain, depth=2, bounds={"B": B}, callbacks={"double": P.double},
+                  transport=dist.ProcessTransport(2, spin_us=spin_us))
+    rng = np.random.default_rng(5)
+    xs = [randn(rng, B, P.D) for _ in range(6)]
+    for x in xs[:3]:
+        np.testing.assert_allclose(drt(x), x * 3.0, rtol=1e-6)
+        threading.Event().wait(0.002)  # longer than the spin: the readers are asleep when the next run starts
+    handles = [drt.submit(x) for x in xs]
+    for x, h in zip(xs, handles):
+        np.testing.assert_allclose(h.result(timeout=60), x * 3.0, rtol=1e-6)
+    t = drt.alloc_tensor((4,), init=np.arange(4, dtype=np.float32), worker_id=1)
+    np.testing.assert_array_equal(t.to_numpy(), np.arange(4, dtype=np.float32))
+    drt.free_tensor(t)
+
+    async def main():
+        async with AsyncRuntime(drt) as art:
+            return [y async for y in art.stream(xs)]
+
+    for x, y in zip(xs, anyio.run(main)):
+        np.testing.assert_allclose(y, x * 3.0, rtol=1e-6)
+
+
+@pytest.mark.parametrize("spin_us", [-1, 1.5, True, "200"])
+def test_a_bad_spin_is_refused_before_any_process_starts(spin_us):
+    with pytest.raises(ValueError, match="spin_us"):
+        dist.ProcessTransport(2, spin_us=spin_us)
