@@ -5,14 +5,17 @@
 //   query with the last valid key (query i sees keys j <= L - Sq + i), which is
 //   what a decoder with a KV cache needs; for Sq == L it is the usual lower
 //   triangle. A row with no finite score yields zeros.
-// Query blocks are processed through sgemm so the score tile stays in cache;
-// causal blocks stop at the last key they can see.
+// With AVX-512 and head sizes it takes (fused_attention.hpp), each batch element
+// is one fused pass over its query rows. Otherwise query blocks are processed
+// through sgemm so the score tile stays in cache; causal blocks stop at the
+// last key they can see.
 #include <algorithm>
 #include <limits>
 #include <vector>
 
 #include "blas.hpp"
 #include "builtin.hpp"
+#include "fused_attention.hpp"
 #include "rowops.hpp"
 #include "util.hpp"
 
@@ -68,6 +71,12 @@ TANDEM_KERNEL(attention) {
   if (numel(out) == 0) return 0;
 
   const int64_t offset = len - sq;  // causal: query i sees keys [0, offset + i]
+  // The fused pass: rows of 8 queries at a time (a decode step's single query row takes the sgemv path below),
+  // unit column strides, a float32 mask read along its keys.
+  const bool fused = sq >= 8 && fused_attention_fits(dk, dv) && q.strides[nd - 1] == 1 && k.strides[nd - 1] == 1 &&
+                     v.strides[nd - 1] == 1 && out.strides[nd - 1] == 1 &&
+                     (mask == nullptr || (mask->dtype == TD_FLOAT32 && ms[nd - 1] == 1));
+  std::vector<float> workspace(fused ? static_cast<size_t>(fused_attention_workspace(len, dk)) : 0);
   // Causal blocks stop at their last visible key, so smaller blocks skip more
   // of the masked triangle.
   const int64_t budget = std::max<int64_t>(1, kTileFloats / len);
@@ -88,6 +97,16 @@ TANDEM_KERNEL(attention) {
   w.add(ms);
   w.simplify();
   w.for_each([&](const int64_t* off) {
+    if (fused) {
+      const AttentionOperands a{reinterpret_cast<const float*>(elem_ptr(q, off[0])), q.strides[nd - 2],
+                                reinterpret_cast<const float*>(elem_ptr(k, off[1])), k.strides[nd - 2],
+                                reinterpret_cast<const float*>(elem_ptr(v, off[2])), v.strides[nd - 2],
+                                reinterpret_cast<float*>(elem_ptr(out, off[3])), out.strides[nd - 2],
+                                mask != nullptr ? reinterpret_cast<const float*>(elem_ptr(*mask, off[4])) : nullptr,
+                                ms[nd - 2], sq, len, dk, dv, scale};
+      fused_attention(a, causal ? offset : -1, workspace.data());
+      return;
+    }
     // k^T (D x L) and v (L x Dv) once per batch; blocks use their first columns / rows.
     const blas::Mat km{elem_ptr(k, off[1]), TD_FLOAT32, len, dk, k.strides[nd - 2], k.strides[nd - 1]};
     const blas::Mat vm{elem_ptr(v, off[2]), TD_FLOAT32, len, dv, v.strides[nd - 2], v.strides[nd - 1]};

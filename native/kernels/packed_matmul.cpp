@@ -25,6 +25,7 @@
 #include <algorithm>
 
 #include "builtin.hpp"
+#include "register_block.hpp"
 #include "rowops.hpp"
 #include "simd.hpp"  // TD_CLONES, TD_INLINE
 #include "util.hpp"
@@ -82,9 +83,7 @@ TD_INLINE void block(const float* a, int64_t lda, const float* panel, int64_t k,
 }
 
 // The AVX-512 shape: out rows [0, MR) x NP panels side by side (the last one cols wide), one
-// 16-lane accumulator per row and panel. Each broadcast element of a feeds NP FMAs and each panel
-// row MR of them: at 8 x 3 the 24 accumulators, 3 panel rows and a broadcast fill 28 of the 32
-// registers and a step's 24 FMAs outnumber its 11 loads.
+// 16-lane accumulator per row and panel (register_block.hpp).
 constexpr int kMRWhole = 8;
 constexpr int kNPWhole = 3;
 
@@ -96,18 +95,7 @@ TD_INLINE void block_whole(const float* a, int64_t lda, const float* panels, int
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 3
     for (int j = 0; j < NP; ++j) acc[r][j] = v16{};
-  const int64_t panel_size = k * kNR;
-  for (int64_t kk = 0; kk < k; ++kk) {
-    v16 b[NP];
-#pragma GCC unroll 3
-    for (int j = 0; j < NP; ++j) b[j] = simd::load(panels + j * panel_size + kk * kNR);
-#pragma GCC unroll 8
-    for (int r = 0; r < MR; ++r) {
-      const v16 x = simd::splat(a[r * lda + kk]);
-#pragma GCC unroll 3
-      for (int j = 0; j < NP; ++j) acc[r][j] += x * b[j];
-    }
-  }
+  accumulate_block<MR, NP>(acc, a, lda, panels, kNR, k * kNR, k);
 #pragma GCC unroll 8
   for (int r = 0; r < MR; ++r)
 #pragma GCC unroll 3

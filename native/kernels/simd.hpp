@@ -52,7 +52,11 @@ TD_INLINE vfloat load(const float* p) {
   return v;
 }
 TD_INLINE void store(float* p, const vfloat& v) { std::memcpy(p, &v, sizeof v); }
-TD_INLINE vfloat splat(float s) { return vfloat{} + s; }
+// s in every lane, as a shuffle of lane 0: one broadcast (with AVX-512 often folded into the FMA
+// that reads s, {1to16}). Written 0 + s, it costs a scalar add before every broadcast (0 + s turns
+// -0 into +0, so the compiler may not drop it), one per FMA row of a matmul block; and the
+// foldable forms (s - 0, a vector of s) GCC lowers in these clones to sixteen masked broadcasts.
+TD_INLINE vfloat splat(float s) { return __builtin_shuffle(vfloat{s}, vint{}); }
 TD_INLINE vint bits(const vfloat& v) { return __builtin_bit_cast(vint, v); }
 TD_INLINE vfloat from_bits(const vint& v) { return __builtin_bit_cast(vfloat, v); }
 // The math below is written once over a vector type V. With AVX-512 it runs on whole 16-lane

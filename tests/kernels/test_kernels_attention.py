@@ -169,3 +169,54 @@ def test_default_scale_is_inverse_sqrt_d(rng):
     q, k, v = qkv(rng, 1, 1, 4, 6, 9)
     call = K.attention.bind((q, k, v), empty(q.shape, float32), {})
     assert call.scalars == [1 / 3, 0, -1]
+
+
+# The fused pass (native/kernels/fused_attention.cpp) takes blocks of 8 query rows, k^T in 16-key panels and v in
+# 16-column panels, on CPUs with AVX-512 and value heads of 16, 32, 48 or 64 columns: these shapes reach it there
+# (and the sgemm path elsewhere, checked against the same reference). Row counts with and without a partial block,
+# key counts on and off a panel edge and past a 3-panel register block, heads of 1 to 3 value panel groups.
+@pytest.mark.parametrize("sq,skv", [(8, 8), (13, 47), (16, 48), (67, 130), (9, 1)], ids=str)
+@pytest.mark.parametrize("d,dv", [(32, 32), (37, 16), (1, 48), (64, 64)], ids=str)
+def test_fused_head_sizes_match_the_reference(rng, sq, skv, d, dv):
+    q, k, v = qkv(rng, 2, 3, sq, skv, d, dv=dv)
+    out = empty(q.shape[:-1] + (dv,), float32)
+    run(K.attention, q, k, v, out=out, scale=0.2)
+    np.testing.assert_allclose(out.array, attn_ref(q.f64(), k.f64(), v.f64(), scale=0.2), **TOL)
+
+
+@pytest.mark.parametrize("mshape", [(2, 1, 1, 40), (2, 3, 20, 40), (20, 40)], ids=str)
+@pytest.mark.parametrize("causal,kv_len", [(False, None), (True, None), (False, 37), (True, 37)], ids=str)
+def test_fused_masks_causal_and_cache_prefix(rng, mshape, causal, kv_len):
+    cap, sq = 40, 20
+    q, k, v = qkv(rng, 2, 3, sq, cap, 32)
+    length = cap if kv_len is None else kv_len
+    k.array[..., length:, :] = np.nan  # a cache's stale tail: never read
+    v.array[..., length:, :] = np.nan
+    mv = np.where(rng.random(mshape) < 0.3, -np.inf, rng.standard_normal(mshape))
+    mv[..., 0] = 0.0  # one key visible in every row
+    if len(mshape) == 4 and mshape[2] > 1:
+        mv[0, 1, 5] = -np.inf  # and one row that sees nothing: zeros
+    mask = tensor(mv, float32)  # contiguous float32: read along its keys in place
+    out = empty(q.shape, float32)
+    run(K.attention, q, k, v, out=out, mask=mask, causal=causal, kv_len=kv_len)
+    ref = attn_ref(q.f64(), k.f64(), v.f64(), mask=mv, causal=causal, kv_len=kv_len)
+    np.testing.assert_allclose(out.array, ref, **TOL)
+    if len(mshape) == 4 and mshape[2] > 1:
+        np.testing.assert_array_equal(out.array[0, 1, 5], np.zeros(32))
+
+
+def test_fused_over_a_minilm_projection(rng):
+    # The encoder's layout: q, k, v are column ranges of one [B, S, 3 * hidden] projection, out a column range of
+    # [B, S, hidden], the mask [B, 1, S] a padding bias; every view strided by rows, unit stride along a row.
+    b, s, heads, dh = 3, 21, 4, 32
+    hidden = heads * dh
+    proj = rng.standard_normal((b, s, 3 * hidden)).astype(np.float32)
+    ctx = np.full((b, s, hidden), np.nan, np.float32)
+    bias = np.zeros((b, 1, s), np.float32)
+    bias[1, :, 15:] = -1e4
+    for h in range(heads):
+        c = h * dh
+        q, k, v = (HostTensor(proj[:, :, o + c:o + c + dh]) for o in (0, hidden, 2 * hidden))
+        run(K.attention, q, k, v, out=HostTensor(ctx[:, :, c:c + dh]), mask=HostTensor(bias), scale=dh ** -0.5)
+        ref = attn_ref(q.f64(), k.f64(), v.f64(), scale=dh ** -0.5, mask=bias.astype(np.float64))
+        np.testing.assert_allclose(ctx[:, :, c:c + dh], ref, **TOL)
