@@ -220,3 +220,11 @@ def test_fused_over_a_minilm_projection(rng):
         run(K.attention, q, k, v, out=HostTensor(ctx[:, :, c:c + dh]), mask=HostTensor(bias), scale=dh ** -0.5)
         ref = attn_ref(q.f64(), k.f64(), v.f64(), scale=dh ** -0.5, mask=bias.astype(np.float64))
         np.testing.assert_allclose(ctx[:, :, c:c + dh], ref, **TOL)
+
+
+@pytest.mark.parametrize("skv", [14000, 20000], ids=str)  # k^T within the fused pass's workspace, then past it
+def test_long_context_either_side_of_the_fused_workspace(rng, skv):
+    q, k, v = qkv(rng, 1, 1, 9, skv, 64, dv=16)
+    out = empty(q.shape[:-1] + (16,), float32)
+    run(K.attention, q, k, v, out=out, causal=True)
+    np.testing.assert_allclose(out.array, attn_ref(q.f64(), k.f64(), v.f64(), causal=True), **TOL)
