@@ -239,16 +239,16 @@ class ProcessTransport(Transport):
 
     def _receive(self, on_message: OnMessage, on_exit: OnExit) -> None:
         """The receiving thread: every reply in order, then each worker's exit."""
-        # What it watches: (fd, kind, worker). A reply connection leaves once hung up, a sentinel once reaped.
-        watched: list[tuple[int, int, int]] = [(conn.fileno(), _REPLY, i) for i, conn in enumerate(self._conns)]
-        watched += [(proc.sentinel, _EXIT, i) for i, proc in enumerate(self._procs)]
-        watched.append((self._wake_r, _WAKE, -1))
-        fds = [w[0] for w in watched]
+        # What it watches, fd -> (kind, worker): a reply connection leaves once hung up, a sentinel once reaped.
+        watched: dict[int, tuple[int, int]] = {conn.fileno(): (_REPLY, i) for i, conn in enumerate(self._conns)}
+        watched.update({proc.sentinel: (_EXIT, i) for i, proc in enumerate(self._procs)})
+        watched[self._wake_r] = (_WAKE, -1)
+        fds = list(watched)
 
         def unwatch(fd: int) -> None:
             nonlocal fds
-            watched[:] = [w for w in watched if w[0] != fd]
-            fds = [w[0] for w in watched]
+            if watched.pop(fd, None) is not None:
+                fds = list(watched)
 
         def receive(i: int) -> bool:
             """One reply of worker i handled; False once its connection is done with."""
@@ -276,19 +276,23 @@ class ProcessTransport(Transport):
             # One reply per readiness: the next is reported at once by the next wait.
             ready = _native.wait_readable(fds, spin)
             self._receiver_asleep = False
-            for fd, kind, i in [watched[k] for k in ready]:
+            for fd in [fds[k] for k in ready]:
+                entry = watched.get(fd)
+                if entry is None:  # unwatched by a reply handled before it
+                    continue
+                kind, i = entry
                 if kind == _WAKE:
                     os.read(self._wake_r, 64)
                     if self._stopping:
                         return
                 elif kind == _EXIT:
                     exits.append(i)
-                elif any(w[0] == fd for w in watched):  # not unwatched by a reply handled before it
+                else:
                     receive(i)
             for i in exits:  # after every reply the worker sent before it went
                 conn, proc = self._conns[i], self._procs[i]
                 conn_fd = conn.fileno()
-                while any(w[0] == conn_fd for w in watched) and conn.poll():
+                while conn_fd in watched and conn.poll():
                     receive(i)
                 unwatch(proc.sentinel)
                 unwatch(conn_fd)
@@ -308,13 +312,13 @@ class ProcessTransport(Transport):
         data = encode(message)
         conn = self._conns[worker]
         with self._send_locks[worker]:
+            if conn.closed:  # stop() closes it under this lock: its fd number may be another file's by now
+                raise OSError(f"chip worker {worker}: the transport is stopped")
             if not block:
                 # Writable means the socket's send buffer is at most a quarter full (AF_UNIX),
                 # so a message this small goes in without waiting for the worker.
                 if len(data) > _NONBLOCKING_MAX or not _writable(conn):
                     return False
-            if conn.closed:  # stop() closes it under this lock: its fd number may be another file's by now
-                raise OSError(f"chip worker {worker}: the transport is stopped")
             send_message(conn.fileno(), data)
             self._requests[worker] += 1  # every message sent here (a Call, a MemoryOp) has one reply
         if self._receiver_asleep:  # so it polls by the time the reply comes, instead of waking for it

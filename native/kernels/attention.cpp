@@ -24,7 +24,6 @@ namespace tandem::kernels {
 namespace {
 constexpr int64_t kTileFloats = 32768;  // score tile budget: 128 KiB
 constexpr int64_t kCausalBlock = 32;    // query rows per causal block
-constexpr int64_t kFusedWorkspace = int64_t{1} << 20;  // floats (4 MiB): k^T of 16K keys at D = 56
 }
 
 TANDEM_KERNEL(attention) {
@@ -72,12 +71,9 @@ TANDEM_KERNEL(attention) {
   if (numel(out) == 0) return 0;
 
   const int64_t offset = len - sq;  // causal: query i sees keys [0, offset + i]
-  // The fused pass: rows of 8 queries at a time (a decode step's single query row takes the sgemv path below),
-  // unit column strides, a float32 mask read along its keys.
-  // Its workspace (k^T and a score tile) stays within kFusedWorkspace: a long context keeps the sgemm path, whose
-  // tile is bounded and which reads k in place.
-  const bool fused = sq >= 8 && fused_attention_fits(dk, dv) && fused_attention_workspace(len, dk) <= kFusedWorkspace &&
-                     q.strides[nd - 1] == 1 && k.strides[nd - 1] == 1 &&
+  // The fused pass, for the sizes it takes (fused_attention.hpp), over operands with unit column strides and a
+  // float32 mask read along its keys.
+  const bool fused = fused_attention_fits(sq, len, dk, dv) && q.strides[nd - 1] == 1 && k.strides[nd - 1] == 1 &&
                      v.strides[nd - 1] == 1 && out.strides[nd - 1] == 1 &&
                      (mask == nullptr || (mask->dtype == TD_FLOAT32 && ms[nd - 1] == 1));
   std::vector<float> workspace(fused ? static_cast<size_t>(fused_attention_workspace(len, dk)) : 0);

@@ -34,9 +34,10 @@ struct AttentionOperands {
   float scale;
 };
 
-// Whether fused_attention runs on this CPU and takes these head sizes: AVX-512,
-// dv a multiple of 16 up to 64.
-bool fused_attention_fits(int64_t dk, int64_t dv);
+// Whether fused_attention runs on this CPU and takes these sizes: AVX-512, at
+// least 8 queries (one block of rows; a decode step's single query takes the
+// sgemv path), dv a multiple of 16 up to 64, and a workspace of at most 1M floats.
+bool fused_attention_fits(int64_t sq, int64_t len, int64_t dk, int64_t dv);
 
 // Floats of workspace fused_attention needs for keys of length len.
 int64_t fused_attention_workspace(int64_t len, int64_t dk);
