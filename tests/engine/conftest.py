@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -78,6 +79,21 @@ def device_spy(monkeypatch):
 def thread_count() -> int:
     """OS threads of this process (native worker threads included)."""
     return len(os.listdir("/proc/self/task"))
+
+
+def threads_back_to(n: int, timeout: float = 5.0) -> bool:
+    """Polls until this process has at most `n` OS threads (False after `timeout` s).
+
+    A joined thread can outlive pthread_join in /proc/self/task for a moment
+    (the kernel reaps it after it wakes the joiner), so a count taken right
+    after a join may still include it.
+    """
+    deadline = time.monotonic() + timeout
+    while thread_count() > n:
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.001)
+    return True
 
 
 def thread_ids() -> set[int]:

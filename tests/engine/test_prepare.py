@@ -9,7 +9,7 @@ import pytest
 import engine
 from engine import In, InOut, Out, Scalar
 
-from .conftest import fd_count, k_add, k_copy, settle, thread_count
+from .conftest import fd_count, k_add, k_copy, settle, thread_count, threads_back_to
 
 
 @engine.program
@@ -58,7 +58,7 @@ def test_invalid_prepare_options(kwargs, exc, match):
     threads = thread_count()
     with pytest.raises(exc, match=match):
         copy_prog.prepare(**kwargs)
-    assert thread_count() <= threads
+    assert threads_back_to(threads), f"{thread_count()} threads, {threads} before"
 
 
 def test_scratch_is_sized_at_the_bounds_and_symbols_resolve_per_run(prepared):
@@ -217,7 +217,7 @@ def _assert_released(device_spy, threads, fds):
         assert stats["live_allocations"] == 0, stats
         assert stats["bytes_in_use"] == 0, stats
     settle()
-    assert thread_count() <= threads, "worker threads were not joined"
+    assert threads_back_to(threads), f"worker threads were not joined: {thread_count()}, {threads} before"
     assert fd_count() <= fds, "file descriptors leaked"
 
 
