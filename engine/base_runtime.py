@@ -42,7 +42,7 @@ from engine import _native
 from engine.backend import CompletionSource, Launched, Lease, RunState, RunT
 from engine.binding import BindCache, BoundCall
 from engine.errors import ClosedError, KernelError, RunCancelledError
-from engine.handles import InFlight, RunHandle
+from engine.handles import RunHandle
 from engine.memory import DeviceMemoryHandle
 from engine.validation import check_bounds, check_callbacks, check_positive_int
 
@@ -101,7 +101,7 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
         self._close_lock = threading.Lock()
         self._closing = False  # close() began: nothing is admitted any more
         self._closed = False
-        self._inflight: dict[int, InFlight] = {}  # runs submitted by threads, by run id, in launch order
+        self._inflight: dict[int, RunHandle] = {}  # runs submitted by threads, by run id, in launch order
         self._host_spans: list[HostSpan] | None = None  # while tracing
         self._slot_table: _native.SlotTable | None = None  # the lease state of the slots (set by the level)
         self._check_argument = self._check_tensor  # what binding checks a DeviceTensor argument with
@@ -173,10 +173,10 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
         t0 = self.now_ns() if self._host_spans is not None else 0
         lease = self._admit_blocking()
         run, run_id, payload = self.launch(call, lease, t0, None)
-        inflight = InFlight(self, run, run_id, payload)
+        handle = RunHandle(self, run, run_id, payload)
         with self._state_lock:
-            self._inflight[run_id] = inflight
-        return RunHandle(inflight)
+            self._inflight[run_id] = handle
+        return handle
 
     def _admit_blocking(self) -> Lease[RunT]:
         """FIFO admission for threads: while no slot is free, finishes the oldest run in flight or waits."""
@@ -188,16 +188,16 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
                 with self._state_lock:
                     oldest = next(iter(self._inflight.values()), None)
                 if oldest is not None:
-                    oldest.run.wait()
-                    oldest.finish()
+                    oldest._run.wait()
+                    oldest._finish()
                 else:  # the slots are held by async runs or by launches under way in other threads
                     assert self._slot_table is not None
                     self._slot_table.wait_free(0.05)  # bounded: re-checks, should a launch fail meanwhile
 
-    def _forget(self, inflight: InFlight) -> None:
-        """Called once per registered run by InFlight.finish()."""
+    def _forget(self, run_id: int) -> None:
+        """Called once per registered run by RunHandle._finish()."""
         with self._state_lock:
-            self._inflight.pop(inflight.id, None)
+            self._inflight.pop(run_id, None)
 
     def capture_stats(self) -> dict[str, int]:
         """Captured runs: hits (replays), misses (runs recorded), entries, evictions, invalidations, limit.
@@ -261,9 +261,9 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
                         pending = list(self._inflight.values())
                     if not pending:
                         break
-                    for inflight in pending:
-                        inflight.run.wait()
-                        inflight.finish()
+                    for handle in pending:
+                        handle._run.wait()
+                        handle._finish()
             self._teardown()
             self._binds.clear()  # cached calls hold DeviceTensors, whose allocations hold this runtime
             self._closed = True

@@ -182,21 +182,6 @@ def _overlap(a: np.ndarray, b: np.ndarray) -> bool:
 _SCALAR_TYPES = (int, float, bool)
 
 
-def _token(v: Any) -> Any:
-    """What binding's outcome depends on in one argument; None when the argument is not of a cached kind."""
-    t = type(v)
-    if t is DeviceTensor:
-        return v
-    if t is np.ndarray:
-        flags = v.flags
-        if not (flags.c_contiguous and flags.writeable):
-            return None
-        return (v.shape, v.dtype)
-    if t in _SCALAR_TYPES:
-        return t
-    return None
-
-
 def call_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[Any, ...] | None:
     """What binding's outcome depends on, and nothing it does not, or None for a call of other kinds.
 
@@ -206,20 +191,24 @@ def call_signature(args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> tuple[An
     view itself (immutable; whether it is still alive is checked per call);
     per scalar: its type (its value is checked per call by its spec).
     """
-    tokens: list[Any] = []
-    for v in args:
-        tok = _token(v)
-        if tok is None:
-            return None
-        tokens.append(tok)
-    if kwargs:
-        for name, v in kwargs.items():
-            tok = _token(v)
-            if tok is None:
+    # Every call of a cached runtime computes this: one loop over args and kwargs values, no helper calls.
+    tokens: list[Any] = [len(args)]
+    for v in (args + tuple(kwargs.values())) if kwargs else args:
+        t = type(v)
+        if t is np.ndarray:
+            flags = v.flags
+            if not (flags.c_contiguous and flags.writeable):
                 return None
-            tokens.append(name)
-            tokens.append(tok)
-    return (len(args), *tokens)
+            tokens.append((v.shape, v.dtype))
+        elif t is DeviceTensor:
+            tokens.append(v)
+        elif t in _SCALAR_TYPES:
+            tokens.append(t)
+        else:
+            return None
+    if kwargs:
+        tokens.extend(kwargs)  # the keyword names, in order
+    return tuple(tokens)
 
 
 class _Shape:

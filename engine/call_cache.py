@@ -48,14 +48,15 @@ __all__ = ["CallCache", "CachedBinding", "CachedCall"]
 class CachedCall:
     """What binding and launching one call signature derived: reused by every call with that signature."""
 
-    __slots__ = ("sources", "scalars", "hosts", "outputs", "device_args", "dims", "base_key", "_addrs", "_views",
-                 "_written_views", "_copy_backs", "_replays", "_replays_limit")
+    __slots__ = ("sources", "in_order", "scalars", "hosts", "outputs", "device_args", "dims", "base_key", "_addrs", "_views",
+                 "_written_views", "_copy_backs", "_staging", "_copy_back_args", "_replays", "_replays_limit")
 
     def __init__(self, sources: list[int], scalars: list[tuple[int, Scalar, str]],
                  hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool, DType]],
                  outputs: list[tuple[str, Any]], device_args: list[tuple[int, DeviceTensor]],
                  dims: dict[str, int], base_key: tuple[Any, ...] | None, replays_limit: int) -> None:
         self.sources = sources  # per parameter: its index in args + kwargs values, -1 where omitted
+        self.in_order = sources == list(range(len(sources)))  # each parameter given, in declaration order
         self.scalars = scalars  # (parameter index, spec, name)
         # (parameter index, name, shape, numpy dtype, nbytes, reads, writes, given, dtype): given False for
         # an omitted Out, which each call allocates
@@ -70,6 +71,10 @@ class CachedCall:
         self._views: dict[int, list[tuple[DeviceTensor, int]]] = {}
         self._written_views: dict[int, list[tuple[DeviceTensor, int]]] = {}  # the same, of the written ones
         self._copy_backs: dict[int, list[tuple[int, int]]] = {}  # slot index -> (replay base, buffer address)
+        # slot index -> per host parameter (parameter index, buffer address, nbytes, reads, slot view)
+        self._staging: dict[int, list[tuple[int, int, int, bool, DeviceTensor]]] = {}
+        # slot index -> (native argument of the slot view, buffer address) per host parameter written
+        self._copy_back_args: dict[int, list[tuple[_native.TensorArg, int]]] = {}
         # (slot index, the Scalar values) -> (recording, its plan on that slot), for recordings without scalar
         # patches: valid while the capture table still holds the recording (Capture.rehit checks)
         self._replays: dict[tuple[Any, ...], tuple["Recorded", "_native.ReplayPlan"]] = {}
@@ -111,6 +116,21 @@ class CachedCall:
         hit = self._views.get(slot.index)
         if hit is None:
             hit = self._views[slot.index] = [slot_view(slot, h[1], h[2], h[8]) for h in self.hosts]
+        return hit
+
+    def staging(self, slot: "Slot") -> list[tuple[int, int, int, bool, DeviceTensor]]:
+        """Per host parameter, in order: (parameter index, slot buffer address, nbytes, reads, slot view)."""
+        hit = self._staging.get(slot.index)
+        if hit is None:
+            hit = self._staging[slot.index] = [(h[0], addr, h[4], h[5], view)
+                                               for h, (view, addr) in zip(self.hosts, self.views(slot))]
+        return hit
+
+    def copy_back_args(self, slot: "Slot") -> list[tuple[_native.TensorArg, int]]:
+        """(native argument of the slot view, buffer address) per host parameter the run writes."""
+        hit = self._copy_back_args.get(slot.index)
+        if hit is None:
+            hit = self._copy_back_args[slot.index] = [(v._native_arg(), addr) for v, addr in self.copy_back_views(slot)]
         return hit
 
     def copy_back_views(self, slot: "Slot") -> list[tuple[DeviceTensor, int]]:
@@ -171,9 +191,11 @@ class CallCache:
             if t._alloc.freed:
                 return sig  # the full path raises binding's error
         flat = args + tuple(kwargs.values()) if kwargs else args
-        values = [flat[i] if i >= 0 else None for i in entry.sources]
+        values = list(flat) if entry.in_order else [flat[i] if i >= 0 else None for i in entry.sources]
         for i, spec, name in entry.scalars:
-            values[i] = spec.check(name, values[i])
+            v = values[i]
+            if type(v) is not spec.type:  # exactly the declared type passes as it is (Scalar.check's common case)
+                values[i] = spec.check(name, v)
         return CachedBinding(entry, values, args, kwargs)
 
     def learn(self, sig: tuple[Any, ...], call: BoundCall, n_args: int, kw_names: Sequence[str],

@@ -156,7 +156,8 @@ class Runtime(BaseRuntime["_native.Run"]):
 
         A call shaped like one launched before binds from the call cache (engine.call_cache).
         """
-        self.check_open()
+        if self._closing or self._closed:
+            raise ClosedError("the runtime is closed")
         calls = self._calls
         assert calls is not None  # open
         got = calls.bind(args, kwargs)
@@ -220,9 +221,7 @@ class Runtime(BaseRuntime["_native.Run"]):
                 view, addr = slot_view(slot, a.param.name, a.shape, spec.dtype)
                 host = a.host
                 assert host is not None
-                acc.add(addr, host.nbytes, host)  # host is the contiguous array of exactly the view's bytes
-                if spec.reads:
-                    acc.stage_in(addr)
+                acc.map(addr, host.nbytes, host, spec.reads)  # host: the contiguous array of exactly the view's bytes
                 if spec.writes:
                     copy_backs.append((len(fn_args), view, addr))
                 fn_args.append(view)
@@ -247,8 +246,8 @@ class Runtime(BaseRuntime["_native.Run"]):
 
     def _launch_plain(self, call: CachedBinding, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
                       log: "_native.RunLog | None", launch_ns: int) -> "tuple[_native.Run, int, Any]":
-        """launch() of a cached binding, uncaptured: stage into the views the signature derived, orchestrate,
-        copy back, seal."""
+        """launch() of a cached binding, uncaptured: stage into the slot views the signature derived,
+        orchestrate, copy back, seal. The hot path of a small run, so written out in one piece."""
         native, run_id, slot_index = lease
         engine = self._engine
         assert engine is not None
@@ -258,17 +257,21 @@ class Runtime(BaseRuntime["_native.Run"]):
         slot = self._slots[slot_index]
         values = call.values
         try:
-            acc = slot.accessor
             fn_args = list(values)
             hosts = entry.host_arrays(values)
-            for (i, _, _, _, nbytes, reads, _, _, _), host, (view, addr) in zip(entry.hosts, hosts, entry.views(slot)):
-                acc.add(addr, nbytes, host)
-                if reads:
-                    acc.stage_in(addr)
+            stage = slot.accessor.map
+            for (i, addr, nbytes, reads, view), host in zip(entry.staging(slot), hosts):
+                stage(addr, nbytes, host, reads)
                 fn_args[i] = view
             t_staged = engine.now_ns() if spans is not None else 0
-            self._orchestrate(native, slot, entry.dims, fn_args, entry.copy_back_views(slot))
-            self._seal(lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
+            arena = slot.arena
+            arena.used = 0  # the slot's scratch, empty for this run
+            self.program.invoke(Run(self._port, native, entry.dims, arena), fn_args)
+            for arg, addr in entry.copy_back_args(slot):
+                engine.submit_copy_back(native, arg, addr)
+            engine.seal_logged(native, log, dispatch_ns, launch_ns)
+            if spans is not None:
+                self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, engine.now_ns())
         except BaseException:
             self._abort(native)
             raise

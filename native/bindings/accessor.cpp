@@ -14,6 +14,9 @@ namespace tandem::bindings {
 
 namespace {
 
+// Below this many bytes a staging copy keeps the GIL (see map()).
+constexpr size_t kCopyKeepsGil = size_t{64} << 10;
+
 // A Python buffer that must hold at least `nbytes`, so the C++ side, which
 // only sees a pointer, can never run past its end.
 void require_len(const HostBuffer& b, size_t nbytes, const char* what) {
@@ -55,6 +58,25 @@ void bind_accessor(py::module_& m) {
           "C-contiguous buffer, e.g. a numpy array). Only the pointer is kept: the CALLER must keep "
           "host_view alive, and must not resize or reallocate it, until close(). The region must lie "
           "inside one live allocation and must not overlap a region already mapped here.")
+      .def(
+          "map",
+          [](HostAccessor& acc, uint64_t device_base, int64_t size, py::handle host_view, bool copy_in) {
+            const size_t n = to_size(size, "size");
+            HostBuffer host(host_view, true, "host_view");
+            require_len(host, n, "host_view");
+            acc.add(static_cast<uintptr_t>(device_base), n, host.data());
+            if (!copy_in) return;
+            // A small copy costs less than handing the GIL over and taking it back.
+            if (n < kCopyKeepsGil) {
+              acc.stage_in(static_cast<uintptr_t>(device_base));
+            } else {
+              py::gil_scoped_release nogil;
+              acc.stage_in(static_cast<uintptr_t>(device_base));
+            }
+          },
+          "device_base"_a, "size"_a, "host_view"_a, "copy_in"_a,
+          "add() and, when copy_in, stage_in() in one call: a run's staging of one host argument. The GIL "
+          "is released for copies of 64 KiB or more.")
       .def(
           "read",
           [](const HostAccessor& acc, uint64_t device_addr, py::object dst, int64_t nbytes) {

@@ -55,6 +55,39 @@ def test_stage_in_and_copy_back_roundtrip(dev):
     acc.close()
 
 
+@pytest.mark.parametrize("nbytes", [64, 1 << 20])  # below and above the size at which map() lets go of the GIL
+def test_map_adds_the_region_and_copies_in_only_when_asked(dev, nbytes):
+    rng = np.random.default_rng(2)
+    staged = rng.integers(0, 255, nbytes, dtype=np.uint8)
+    written = rng.integers(0, 255, nbytes, dtype=np.uint8)
+    a, b = dev.alloc(nbytes), dev.alloc(nbytes)
+    fill(dev, b, 7)
+    acc = HostAccessor(dev)
+    acc.map(a.addr, nbytes, staged, True)  # an input: mapped and copied in
+    acc.map(b.addr, nbytes, written, False)  # an output: mapped only
+    assert device_bytes(dev, a).tobytes() == staged.tobytes()
+    assert (device_bytes(dev, b) == 7).all()
+    assert acc.mapping_count() == 2 and acc.mapped_bytes() == 2 * nbytes
+    acc.copy_back(b.addr)
+    assert (written == 7).all()
+    acc.close()
+
+
+def test_map_refuses_what_add_refuses(dev):
+    buf = dev.alloc(64)
+    acc = HostAccessor(dev)
+    ro = np.zeros(64, np.uint8)
+    ro.flags.writeable = False
+    refused(dev, acc, "fewer than", lambda: acc.map(buf.addr, 64, np.zeros(63, np.uint8), True))
+    refused(dev, acc, "host_view", lambda: acc.map(buf.addr, 64, ro, True))
+    refused(dev, acc, "empty", lambda: acc.map(buf.addr, 0, np.zeros(64, np.uint8), True))
+    acc.map(buf.addr, 64, np.zeros(64, np.uint8), True)
+    refused(dev, acc, "overlap", lambda: acc.map(buf.addr, 64, np.zeros(64, np.uint8), True))
+    with pytest.raises(TypeError, match="buffer protocol"):
+        acc.map(buf.addr, 8, [0] * 8, True)
+    acc.close()
+
+
 def test_read_and_write_inside_a_region(dev):
     buf = dev.alloc(256)
     fill(dev, buf, 0)
