@@ -92,15 +92,16 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
     for t in inputs:
         if type(t) is not DeviceTensor:
             return None
-        key.append((id(t._alloc), t._offset, t._shape, t._strides, t._dtype))
+        key.append(t._key if t._key is not None else t._make_key())
     if out is not None:
         if type(out) is not DeviceTensor:
             return None
-        key.append(("out", id(out._alloc), out._offset, out._shape, out._strides, out._dtype))
+        key.append("out")
+        key.append(out._key if out._key is not None else out._make_key())
     for k, v in scalars.items():
         vt = type(v)
         if vt is DeviceTensor:  # an optional tensor given by keyword: by value, like the others
-            key.append((k, vt, id(v._alloc), v._offset, v._shape, v._strides, v._dtype))
+            key.append((k, vt, v._key if v._key is not None else v._make_key()))
         elif vt in _SCALAR_TYPES:  # by type too: 1, 1.0 and True compare equal but validate differently
             if vt is float and v != v:  # NaN never equals itself: never kept (the kernel's check rejects it)
                 return None
@@ -108,6 +109,15 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
         else:
             return None
     return tuple(key)
+
+
+def _check_tensors(port: "TaskPort", tensors: Sequence[Any], kernel: Any) -> None:
+    """Each of a call's tensors is a live DeviceTensor of the port's owner (the checker names what is not)."""
+    owner = port.owner
+    for t in tensors:
+        alloc = getattr(t, "_alloc", None)  # the common case inline; the checker says what is wrong
+        if alloc is None or alloc.owner is not owner or alloc.freed or type(t) is not DeviceTensor:
+            port.check_tensor(t, f"kernel '{kernel.name}' argument")
 
 
 def _keep(calls: dict[tuple | int, Any], key: tuple | int, entry: Any) -> None:
@@ -152,36 +162,36 @@ class Run(OrchestrationContext):
         calls = port.calls
         key = _call_key(kernel, inputs, out, scalars)
         kept = calls.get(key) if key is not None else None
-        if kept is None:
+        if kept is not None:
+            call, native_args, allocs = kept
+            # Validated when kept: its tensors are this runtime's, and equal keys mean the same allocations
+            # (their ids are in the key, and the kept call holds them). Only a free since then is news.
+            for alloc in allocs:
+                if alloc.freed:
+                    _check_tensors(port, call.tensors, kernel)
+        else:
             try:
                 bind = kernel.bind
             except AttributeError:
                 raise TypeError(f"run.submit needs a kernel (engine.kernels.* or a host_kernel), not {kernel!r}") from None
             call = bind(inputs, out, scalars)
             native_args = None
-        else:
-            call, native_args = kept
-        tensors = call.tensors
-        owner = port.owner
-        for t in tensors:
-            # The common case inline (a live tensor of the port's owner); the checker names what is wrong.
-            alloc = getattr(t, "_alloc", None)
-            if alloc is None or alloc.owner is not owner or alloc.freed or type(t) is not DeviceTensor:
-                port.check_tensor(t, f"kernel '{kernel.name}' argument")
+            _check_tensors(port, call.tensors, kernel)
+            allocs = tuple({id(t._alloc): t._alloc for t in call.tensors}.values())
         native = self._native
         if native is None:
             if kept is None and key is not None:
-                _keep(calls, key, (call, None))
+                _keep(calls, key, (call, None, allocs))
             return
         engine = port.engine
         assert engine is not None  # a run in flight keeps its runtime open
         if native_args is None:
             # The native call, checked and converted once per kept call: its tensors are immutable
             # views, and a freed one is refused by the check above before this is used again.
-            native_args = engine.prepare_call(port.native_kernel(kernel), [t._native_arg() for t in tensors],
+            native_args = engine.prepare_call(port.native_kernel(kernel), [t._native_arg() for t in call.tensors],
                                               call.access, call.scalars)
             if key is not None:
-                _keep(calls, key, (call, native_args))
+                _keep(calls, key, (call, native_args, allocs))
         engine.submit_prepared(native, native_args)
 
     def host(self, name: str, *tensors: DeviceTensor, reads: Sequence[DeviceTensor] | None = None,

@@ -95,7 +95,7 @@ class DeviceBuffer:
 class DeviceTensor:
     """A strided view of device memory. Slicing gives views; nothing is copied."""
 
-    __slots__ = ("_alloc", "_offset", "_shape", "_strides", "_dtype", "_arg", "__weakref__")
+    __slots__ = ("_alloc", "_offset", "_shape", "_strides", "_dtype", "_arg", "_key", "__weakref__")
 
     def __init__(self, alloc: Allocation, offset: int, shape: tuple[int, ...], strides: tuple[int, ...],
                  dtype: DType) -> None:
@@ -105,6 +105,7 @@ class DeviceTensor:
         self._strides = strides  # elements
         self._dtype = dtype
         self._arg: _native.TensorArg | None = None
+        self._key: tuple[Any, ...] | None = None  # _make_key()'s, once asked for
 
     # -- the TensorLike protocol ------------------------------------------------
     @property
@@ -157,6 +158,12 @@ class DeviceTensor:
     def _byte_range(self) -> tuple[int, int]:
         span = sum((d - 1) * s for d, s in zip(self._shape, self._strides))
         return self._offset, self._offset + (span + 1) * self._dtype.itemsize
+
+    def _make_key(self) -> tuple[Any, ...]:
+        """What identifies this view in a kept call's key (engine.run._call_key): its allocation by id (a kept
+        call holds the allocation, so the id stays its own), offset, shape, strides and dtype. Made once."""
+        self._key = (id(self._alloc), self._offset, self._shape, self._strides, self._dtype)
+        return self._key
 
     def _native_arg(self) -> "_native.TensorArg":
         """The native argument for this view (built once: views are immutable)."""
