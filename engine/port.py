@@ -39,7 +39,8 @@ class TaskPort:
         self.owner = owner
         self.engine = engine
         self.workers = workers
-        # Validated kernel calls, reused by run.submit (engine.run._call_key): key -> (call, native call or None).
+        # Validated kernel calls, reused by run.submit (engine.run._call_key): key -> (call, native call or
+        # None, the distinct allocations of its tensors).
         self.calls: dict[tuple[Any, ...] | int, Any] = {}
         self._kernels: dict[int, tuple[_native.Kernel, Any]] = {}  # id(kernel object) -> (native kernel, object)
         self._callbacks = callbacks
