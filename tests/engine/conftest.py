@@ -76,20 +76,28 @@ def device_spy(monkeypatch):
     return created
 
 
-def thread_count() -> int:
-    """OS threads of this process (native worker threads included)."""
-    return len(os.listdir("/proc/self/task"))
+def pool_threads() -> set[int]:
+    """OS thread ids of this process's engine pool workers (named tandem-pool-N natively)."""
+    out = set()
+    for t in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{t}/comm") as f:
+                if f.read().startswith("tandem-pool"):
+                    out.add(int(t))
+        except OSError:  # the thread ended meanwhile
+            pass
+    return out
 
 
-def threads_back_to(n: int, timeout: float = 5.0) -> bool:
-    """Polls until this process has at most `n` OS threads (False after `timeout` s).
+def pool_threads_within(allowed: set[int], timeout: float = 5.0) -> bool:
+    """Polls until every pool worker thread of this process is one of `allowed` (False after `timeout` s).
 
-    A joined thread can outlive pthread_join in /proc/self/task for a moment
-    (the kernel reaps it after it wakes the joiner), so a count taken right
-    after a join may still include it.
+    By identity, not by count: other libraries' threads (Ray's, anyio's) come and go
+    in a long test session. A joined thread can outlive pthread_join in
+    /proc/self/task for a moment, hence the polling.
     """
     deadline = time.monotonic() + timeout
-    while thread_count() > n:
+    while not pool_threads() <= allowed:
         if time.monotonic() > deadline:
             return False
         time.sleep(0.001)

@@ -9,7 +9,7 @@ import pytest
 import engine
 from engine import In, Out, Scalar
 
-from .conftest import Gate, k_copy, settle, thread_count, thread_ids, threads_back_to
+from .conftest import Gate, k_copy, pool_threads, pool_threads_within, settle, thread_ids
 
 
 @engine.program
@@ -234,12 +234,13 @@ def test_submit_blocked_on_back_pressure_when_close_is_called():
 
 def test_garbage_collected_runtime_releases_its_pool():
     settle()
-    before = thread_count()
+    before = pool_threads()
     rt = copy_prog.prepare(workers=2)
     rt(np.ones(4, np.float32))
+    assert len(pool_threads() - before) == 2  # its two workers, by name
     del rt
     settle()
-    assert threads_back_to(before), f"{thread_count()} threads, {before} before"
+    assert pool_threads_within(before), "the collected runtime's pool threads are still running"
 
 
 def test_close_drains_a_run_a_waiting_thread_is_running():

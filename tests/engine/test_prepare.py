@@ -9,7 +9,7 @@ import pytest
 import engine
 from engine import In, InOut, Out, Scalar
 
-from .conftest import fd_count, k_add, k_copy, settle, thread_count, threads_back_to
+from .conftest import fd_count, k_add, k_copy, pool_threads, pool_threads_within, settle
 
 
 @engine.program
@@ -55,10 +55,10 @@ def test_explicit_workers_and_depth(prepared):
 ])
 def test_invalid_prepare_options(kwargs, exc, match):
     kwargs = {"bounds": {"B": 4}, **kwargs}
-    threads = thread_count()
+    threads = pool_threads()
     with pytest.raises(exc, match=match):
         copy_prog.prepare(**kwargs)
-    assert threads_back_to(threads), f"{thread_count()} threads, {threads} before"
+    assert pool_threads_within(threads), "a failed prepare left pool threads running"
 
 
 def test_scratch_is_sized_at_the_bounds_and_symbols_resolve_per_run(prepared):
@@ -217,7 +217,7 @@ def _assert_released(device_spy, threads, fds):
         assert stats["live_allocations"] == 0, stats
         assert stats["bytes_in_use"] == 0, stats
     settle()
-    assert threads_back_to(threads), f"worker threads were not joined: {thread_count()}, {threads} before"
+    assert pool_threads_within(threads), "worker threads were not joined"
     assert fd_count() <= fds, "file descriptors leaked"
 
 
@@ -225,7 +225,7 @@ def test_memory_limit_too_small_for_the_slots_raises_and_releases_everything(dev
     cb = Callback()
     ref = weakref.ref(cb)
     settle()
-    threads, fds = thread_count(), fd_count()
+    threads, fds = pool_threads(), fd_count()
     with pytest.raises(engine.DeviceMemoryError) as ei:
         cb_prog.prepare(memory_limit=8, callbacks={"accumulate": cb})
     assert isinstance(ei.value, MemoryError)
@@ -236,7 +236,7 @@ def test_memory_limit_too_small_for_the_slots_raises_and_releases_everything(dev
 
 def test_failure_after_some_slots_were_allocated_frees_them(device_spy):
     settle()
-    threads, fds = thread_count(), fd_count()
+    threads, fds = pool_threads(), fd_count()
     one_slot = 2 * 1024 * 4
     with pytest.raises(engine.DeviceMemoryError):
         big_prog.prepare(depth=3, memory_limit=one_slot + one_slot // 2)
@@ -259,7 +259,7 @@ def test_failing_planning_pass_re_raises_the_original_error_and_releases(device_
         raise boom
 
     settle()
-    threads, fds = thread_count(), fd_count()
+    threads, fds = pool_threads(), fd_count()
     with pytest.raises(RuntimeError) as ei:
         prog.prepare()
     assert ei.value is boom
@@ -274,7 +274,7 @@ def test_planning_pass_type_error_keeps_its_type_and_cause(device_spy):
         run.submit("not a kernel", x, out=y)  # but this fails during orchestration
 
     settle()
-    threads, fds = thread_count(), fd_count()
+    threads, fds = pool_threads(), fd_count()
     with pytest.raises(TypeError) as ei:
         prog.prepare()
     assert "kernel" in str(ei.value)

@@ -4,7 +4,8 @@
 // a task's first newly ready dependent itself, without a trip through the queue.
 // A thread waiting for a run may help: it takes that run's queued tasks like a
 // worker until its condition holds (help_until), so a run waited for alone
-// needs no cross-core wake-up to start or to report done.
+// needs no cross-core wake-up to start or to report done. On Linux the workers
+// are named tandem-pool-N.
 #pragma once
 
 #include <atomic>
