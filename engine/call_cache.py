@@ -48,8 +48,8 @@ __all__ = ["CallCache", "CachedBinding", "CachedCall"]
 class CachedCall:
     """What binding and launching one call signature derived: reused by every call with that signature."""
 
-    __slots__ = ("sources", "in_order", "scalars", "hosts", "outputs", "device_args", "dims", "base_key", "_addrs", "_views",
-                 "_written_views", "_copy_backs", "_staging", "_copy_back_args", "_replays", "_replays_limit")
+    __slots__ = ("sources", "in_order", "scalars", "hosts", "outputs", "device_args", "dims", "base_key",
+                 "_copy_backs", "_staging", "_copy_back_args", "_replays", "_replays_limit")
 
     def __init__(self, sources: list[int], scalars: list[tuple[int, Scalar, str]],
                  hosts: list[tuple[int, str, tuple[int, ...], Any, int, bool, bool, bool, DType]],
@@ -66,10 +66,6 @@ class CachedCall:
         self.device_args = device_args
         self.dims = dims  # the symbols' values: what an uncaptured run's orchestration gets as run.dims
         self.base_key = base_key  # the capture key's part fixed by the signature; None uncaptured
-        self._addrs: dict[int, list[int]] = {}  # slot index -> each host parameter's slot buffer address
-        # slot index -> per host parameter (its slot view at the call's shape, the buffer's address)
-        self._views: dict[int, list[tuple[DeviceTensor, int]]] = {}
-        self._written_views: dict[int, list[tuple[DeviceTensor, int]]] = {}  # the same, of the written ones
         self._copy_backs: dict[int, list[tuple[int, int]]] = {}  # slot index -> (replay base, buffer address)
         # slot index -> per host parameter (parameter index, buffer address, nbytes, reads, slot view)
         self._staging: dict[int, list[tuple[int, int, int, bool, DeviceTensor]]] = {}
@@ -98,12 +94,6 @@ class CachedCall:
             replays.clear()
         replays[key] = (recorded, plan)
 
-    def addrs(self, slot: "Slot") -> list[int]:
-        hit = self._addrs.get(slot.index)
-        if hit is None:
-            hit = self._addrs[slot.index] = [slot.buffers[h[1]].addr for h in self.hosts]
-        return hit
-
     def host_arrays(self, values: list[Any]) -> list[np.ndarray]:
         """Per host parameter, this call's array: the caller's, or a new one for an omitted Out."""
         return [values[h[0]] if h[7] else np.empty(h[2], h[3]) for h in self.hosts]
@@ -112,32 +102,24 @@ class CachedCall:
         """The call's outputs in declaration order, its host arrays being `hosts` (host_arrays())."""
         return [x if kind == "device" else hosts[x] for kind, x in self.outputs]
 
-    def views(self, slot: "Slot") -> list[tuple[DeviceTensor, int]]:
-        hit = self._views.get(slot.index)
-        if hit is None:
-            hit = self._views[slot.index] = [slot_view(slot, h[1], h[2], h[8]) for h in self.hosts]
-        return hit
-
     def staging(self, slot: "Slot") -> list[tuple[int, int, int, bool, DeviceTensor]]:
-        """Per host parameter, in order: (parameter index, slot buffer address, nbytes, reads, slot view)."""
+        """Per host parameter, in order: (parameter index, slot buffer address, nbytes, reads, the slot view at
+        the call's shape)."""
         hit = self._staging.get(slot.index)
         if hit is None:
-            hit = self._staging[slot.index] = [(h[0], addr, h[4], h[5], view)
-                                               for h, (view, addr) in zip(self.hosts, self.views(slot))]
+            hit = []
+            for h in self.hosts:
+                view, addr = slot_view(slot, h[1], h[2], h[8])
+                hit.append((h[0], addr, h[4], h[5], view))
+            self._staging[slot.index] = hit
         return hit
 
     def copy_back_args(self, slot: "Slot") -> list[tuple[_native.TensorArg, int]]:
         """(native argument of the slot view, buffer address) per host parameter the run writes."""
         hit = self._copy_back_args.get(slot.index)
         if hit is None:
-            hit = self._copy_back_args[slot.index] = [(v._native_arg(), addr) for v, addr in self.copy_back_views(slot)]
-        return hit
-
-    def copy_back_views(self, slot: "Slot") -> list[tuple[DeviceTensor, int]]:
-        """(slot view, buffer address) of each host parameter the run writes, as its copy-backs need."""
-        hit = self._written_views.get(slot.index)
-        if hit is None:
-            hit = self._written_views[slot.index] = [v for h, v in zip(self.hosts, self.views(slot)) if h[6]]
+            hit = self._copy_back_args[slot.index] = [(view._native_arg(), addr) for h, (_, addr, _, _, view)
+                                                      in zip(self.hosts, self.staging(slot)) if h[6]]
         return hit
 
     def copy_backs(self, slot: "Slot", tensor_base: Mapping[int, int]) -> list[tuple[int, int]]:

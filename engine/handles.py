@@ -56,10 +56,8 @@ class RunHandle:
 
     def result(self, timeout: float | None = None) -> Any:
         """The outputs (one value, a tuple, or None), or the run's error raised."""
-        if not self._finished:
-            if not self._run.wait(timeout):
-                raise TimeoutError(f"run {self._id} did not complete within {timeout} s")
-            self._finish()
+        if not self.wait(timeout):
+            raise TimeoutError(f"run {self._id} did not complete within {timeout} s")
         if self._error is not None:
             raise self._error
         return self._result

@@ -156,8 +156,7 @@ class Runtime(BaseRuntime["_native.Run"]):
 
         A call shaped like one launched before binds from the call cache (engine.call_cache).
         """
-        if self._closing or self._closed:
-            raise ClosedError("the runtime is closed")
+        self.check_open()
         calls = self._calls
         assert calls is not None  # open
         got = calls.bind(args, kwargs)
@@ -228,7 +227,8 @@ class Runtime(BaseRuntime["_native.Run"]):
             t_staged = engine.now_ns() if spans is not None else 0
             base_key = None
             if capture is None:
-                self._orchestrate(native, slot, call.dims, fn_args, [(view, addr) for _, view, addr in copy_backs])
+                self._orchestrate(native, slot, call.dims, fn_args,
+                                  [(view._native_arg(), addr) for _, view, addr in copy_backs])
             else:  # replayed natively (its copy backs with it), or orchestrated and recorded
                 base_key = capture.orchestrate(self._port, native, slot, call, fn_args, device_args,
                                                [(i, addr) for i, _, addr in copy_backs])
@@ -247,7 +247,7 @@ class Runtime(BaseRuntime["_native.Run"]):
     def _launch_plain(self, call: CachedBinding, lease: "tuple[_native.Run, int, int]", dispatch_ns: int,
                       log: "_native.RunLog | None", launch_ns: int) -> "tuple[_native.Run, int, Any]":
         """launch() of a cached binding, uncaptured: stage into the slot views the signature derived,
-        orchestrate, copy back, seal. The hot path of a small run, so written out in one piece."""
+        orchestrate, copy back, seal."""
         native, run_id, slot_index = lease
         engine = self._engine
         assert engine is not None
@@ -264,30 +264,24 @@ class Runtime(BaseRuntime["_native.Run"]):
                 stage(addr, nbytes, host, reads)
                 fn_args[i] = view
             t_staged = engine.now_ns() if spans is not None else 0
-            arena = slot.arena
-            arena.used = 0  # the slot's scratch, empty for this run
-            self.program.invoke(Run(self._port, native, entry.dims, arena), fn_args)
-            for arg, addr in entry.copy_back_args(slot):
-                engine.submit_copy_back(native, arg, addr)
-            engine.seal_logged(native, log, dispatch_ns, launch_ns)
-            if spans is not None:
-                self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, engine.now_ns())
+            self._orchestrate(native, slot, entry.dims, fn_args, entry.copy_back_args(slot))
+            self._seal(lease, log, dispatch_ns, launch_ns, t_admitted, t_staged)
         except BaseException:
             self._abort(native)
             raise
         return native, run_id, (call, entry.outputs_of(hosts))  # the call keeps the arrays alive; nothing to write back
 
     def _orchestrate(self, native: "_native.Run", slot: Slot, dims: dict[str, int], fn_args: list[Any],
-                     copy_backs: list[tuple[DeviceTensor, int]]) -> None:
-        """Runs the orchestration function over the slot's scratch, then copies back each (slot view, buffer
-        address) written."""
+                     copy_backs: "list[tuple[_native.TensorArg, int]]") -> None:
+        """Runs the orchestration function over the slot's scratch, then copies back each (native argument of
+        a slot view, buffer address) written."""
         engine = self._engine
         assert engine is not None
         arena = slot.arena
         arena.used = 0  # the slot's scratch, empty for this run
         self.program.invoke(Run(self._port, native, dims, arena), fn_args)
-        for view, addr in copy_backs:
-            engine.submit_copy_back(native, view._native_arg(), addr)
+        for arg, addr in copy_backs:
+            engine.submit_copy_back(native, arg, addr)
 
     def _seal(self, lease: "tuple[_native.Run, int, int]", log: "_native.RunLog | None", dispatch_ns: int,
               launch_ns: int, t_admitted: int, t_staged: int) -> None:
@@ -328,7 +322,8 @@ class Runtime(BaseRuntime["_native.Run"]):
                 if not recorded.sites:  # nothing patched per run: the plan is all a replay needs
                     entry.remember(key, recorded, plan)
             hosts = entry.host_arrays(values)
-            staged = [(addr, h[4], host, h[5]) for h, host, addr in zip(entry.hosts, hosts, entry.addrs(slot))]
+            staged = [(addr, nbytes, host, reads)
+                      for (_, addr, nbytes, reads, _), host in zip(entry.staging(slot), hosts)]
             outputs = entry.outputs_of(hosts)
             t_staged = engine.now_ns() if spans is not None else 0
             engine.launch_replay(native, staged, plan, patches, entry.copy_backs(slot, capture.tensor_base), log,
