@@ -247,7 +247,7 @@ def distributed(data: dict[str, Any], out: Path) -> list[Path]:
     f = data["figures"]
     plt = _plt()
     ray = f.get("ray")
-    fig, axes = plt.subplots(1, 3 if ray else 2, figsize=(15 if ray else 10, 4.5))
+    fig, axes = plt.subplots(1, 4 if ray else 2, figsize=(20 if ray else 10, 4.5))
     a1, a2 = axes[0], axes[1]
     o = f["overhead"]
     a1.bar(["bare shm + pipe", "drt(x)", "await art.call"], [o["bare_us"], o["sync_us"], o["async_us"]],
@@ -270,7 +270,24 @@ def distributed(data: dict[str, Any], out: Path) -> list[Path]:
         a3.bar(["Compiled Graph\nstep", "RayTransport\ndrt(x)", "RayTransport\nawait"],
                [r["cgraph_us"], r["sync_us"], r["async_us"]], color=["black", TANDEM, "#aec7e8"])
         a3.set_ylabel("us per run (median)")
-        a3.set_title(f"Ray ({ray['channel']}): two nodes {sc['two_over_one']['median']:.2f}x one node")
+        a3.set_title(f"Ray ({ray['channel']} channel): per-run overhead")
+        a4 = axes[3]
+        pts = sc["points"]
+        a4.plot([q["gflop_per_run"] for q in pts], [q["two_over_one"]["median"] for q in pts], "o-", color=TANDEM,
+                lw=2.5, label="two nodes over one")
+        for q in pts:
+            a4.annotate(f"B={q['batch']}", (q["gflop_per_run"], q["two_over_one"]["median"]), fontsize=8,
+                        xytext=(4, -12), textcoords="offset points")
+        a4.axhline(1.6, color="black", ls="--", lw=1, label="target 1.6x")
+        a4.axhline(2.0, color="gray", ls=":", lw=1, label="two workers' ideal")
+        a4.set_xscale("log")
+        a4.set_xticks([q["gflop_per_run"] for q in pts], [f"{q['gflop_per_run']:.2g}" for q in pts])
+        a4.minorticks_off()
+        a4.set_ylim(0, 2.2)
+        a4.set_xlabel(f"GFLOP per run (MLP {sc['width']}->{sc['hidden']}->{sc['width']})")
+        a4.set_ylabel("runs/s, two nodes over one (median)")
+        a4.set_title("Ray: data-parallel scaling, depth 3")
+        a4.legend(fontsize=8, loc="lower right")
     return [_save(fig, data, out / "distributed.png")]
 
 

@@ -20,11 +20,13 @@
    one-copy program through RayTransport (sync and awaited) against a bare
    Ray Compiled Graph doing the same single-actor step (an actor running
    the same copy program on its own engine), interleaved rep by rep; and
-   data-parallel scaling: the MLP at --ray-batch rows streamed at depth 3 on
-   one worker on one node against two workers on two nodes.
+   data-parallel scaling: a wide MLP (RAY_D -> RAY_H -> RAY_D) streamed at
+   depth 3 on one worker on one node against two workers on two nodes, over
+   a sweep of batch sizes (--ray-batches): small batches show Ray's per-call
+   cost, large ones a size where the shards' compute dominates it.
 
     python benchmarks/distributed.py [--quick] [--runs N] [--reps N] [--batch B] [--workers N] [--ray]
-                                     [--ray-batch B] [--json PATH]
+                                     [--ray-batches B,B,...] [--ray-channel actor|compiled] [--json PATH]
 """
 
 from __future__ import annotations
@@ -53,6 +55,9 @@ from scheduler import AsyncRuntime  # noqa: E402
 
 N = 16  # floats per run in the overhead test
 D, H = 128, 512  # MLP widths in the pipelining test
+# The Ray scaling test's MLP: 4 * RAY_H flops per byte moved (x in, y out), so that at the larger batches of
+# the sweep a shard's compute (tens of ms) outweighs what Ray spends on a call (a few ms of CPU here).
+RAY_D, RAY_H = 256, 8192
 
 
 # -- programs (module level: chip workers import them from this script) -----------------------------
@@ -79,6 +84,22 @@ def dp_mlp(orch: dist.Orchestrator, x: In(("B", D)), w1: dist.PerWorker(In((D, H
            w2: dist.PerWorker(In((H, D))), y: Out(("B", D))):
     for i, (xs, ys) in enumerate(zip(orch.split(x), orch.split(y))):
         orch.submit(mlp_shard, xs, w1[i], w2[i], ys, worker=i)
+
+
+@engine.program
+def wide_shard(run: engine.Run, x: In(("B", RAY_D)), w1: In((RAY_D, RAY_H)), w2: In((RAY_H, RAY_D)),
+               y: Out(("B", RAY_D))):
+    h = run.scratch(("B", RAY_H), "float32")
+    run.submit(K.matmul, x, w1, out=h)
+    run.submit(K.gelu, h, out=h)
+    run.submit(K.matmul, h, w2, out=y)
+
+
+@dist.program
+def dp_wide_mlp(orch: dist.Orchestrator, x: In(("B", RAY_D)), w1: dist.PerWorker(In((RAY_D, RAY_H))),
+                w2: dist.PerWorker(In((RAY_H, RAY_D))), y: Out(("B", RAY_D))):
+    for i, (xs, ys) in enumerate(zip(orch.split(x), orch.split(y))):
+        orch.submit(wide_shard, xs, w1[i], w2[i], ys, worker=i)
 
 
 # -- the floor: a bare shared-memory + pipe round trip -------------------------------------------------
@@ -263,21 +284,24 @@ def ray_overhead(runs: int, reps: int, channel: str) -> tuple[list[list], dict]:
         ray.kill(actor)
 
 
-def ray_scaling(runs: int, reps: int, batch: int, channel: str) -> tuple[list[list], dict]:
-    """Data-parallel MLP at depth 3: one worker on one node against two workers on two nodes."""
+def ray_scaling(batch: int, runs: int, reps: int, channel: str) -> dict:
+    """The wide MLP at `batch` rows, depth 3: one worker on one node against two workers on two nodes."""
     rng = np.random.default_rng(0)
-    w1 = (rng.standard_normal((D, H)) * 0.05).astype(np.float32)
-    w2 = (rng.standard_normal((H, D)) * 0.05).astype(np.float32)
-    xs = [rng.standard_normal((batch, D)).astype(np.float32) for _ in range(4)]
-    outs = [np.empty((batch, D), np.float32) for _ in range(3)]
+    w1 = (rng.standard_normal((RAY_D, RAY_H)) / np.sqrt(RAY_D)).astype(np.float32)
+    w2 = (rng.standard_normal((RAY_H, RAY_D)) / np.sqrt(RAY_H)).astype(np.float32)
+    xs = [rng.standard_normal((batch, RAY_D)).astype(np.float32) for _ in range(4)]
+    outs = [np.empty((batch, RAY_D), np.float32) for _ in range(3)]
     runtimes = {}
     try:
         for workers in (1, 2):
-            drt = dp_mlp.prepare(workers=workers, worker_threads=1, depth=3, bounds={"B": batch},
-                                 transport=dist.RayTransport(placement="spread", channel=channel))
-            runtimes[workers] = (drt, [drt.alloc_tensor((D, H), init=w1, worker_id=i) for i in range(workers)],
-                                 [drt.alloc_tensor((H, D), init=w2, worker_id=i) for i in range(workers)])
+            drt = dp_wide_mlp.prepare(workers=workers, worker_threads=1, depth=3, bounds={"B": batch},
+                                      transport=dist.RayTransport(placement="spread", channel=channel))
+            runtimes[workers] = (drt, [drt.alloc_tensor((RAY_D, RAY_H), init=w1, worker_id=i) for i in range(workers)],
+                                 [drt.alloc_tensor((RAY_H, RAY_D), init=w2, worker_id=i) for i in range(workers)])
         nodes = {w: len(set(rt[0]._transport.node_ids)) for w, rt in runtimes.items()}
+        # The two runtimes compute the same thing: a shard split wrongly would not be a measurement.
+        ref = [runtimes[w][0](xs[0], runtimes[w][1], runtimes[w][2]) for w in (1, 2)]
+        np.testing.assert_allclose(ref[1], ref[0], rtol=1e-5, atol=1e-5)
 
         async def stream(workers: int) -> float:
             drt, w1s, w2s = runtimes[workers]
@@ -290,7 +314,7 @@ def ray_scaling(runs: int, reps: int, batch: int, channel: str) -> tuple[list[li
 
         rates: dict[int, list[float]] = {1: [], 2: []}
 
-        def one_rep() -> float:
+        def one_rep() -> float:  # interleaved: both see the same machine state
             for workers in (1, 2):
                 rates[workers].append(anyio.run(stream, workers))
             return rates[2][-1] / rates[1][-1]
@@ -300,14 +324,12 @@ def ray_scaling(runs: int, reps: int, batch: int, channel: str) -> tuple[list[li
         for drt, _, _ in runtimes.values():
             drt.close()
     med = {w: float(np.median(r[-reps:])) for w, r in rates.items()}
-    rows = [[f"{w} worker(s) on {nodes[w]} node(s)", med[w], med[w] / med[1]] for w in (1, 2)]
-    figures = {"batch": batch, "width": D, "hidden": H, "runs": runs, "reps": reps, "depth": 3,
-               "one_node_runs_per_s": med[1], "two_nodes_runs_per_s": med[2], "nodes": nodes,
-               "two_over_one": speedup}
-    return rows, figures
+    return {"batch": batch, "runs": runs, "nodes": nodes, "one_node_runs_per_s": med[1],
+            "two_nodes_runs_per_s": med[2], "one_node_ms_per_run": 1e3 / med[1],
+            "gflop_per_run": 4 * batch * RAY_D * RAY_H / 1e9, "two_over_one": speedup}
 
 
-def ray_section(runs: int, reps: int, batch: int, channel: str) -> dict:
+def ray_section(runs: int, reps: int, batches: list[int], channel: str) -> dict:
     import ray
     from ray.cluster_utils import Cluster
 
@@ -325,10 +347,18 @@ def ray_section(runs: int, reps: int, batch: int, channel: str) -> dict:
               "ratios per rep, interleaved):")
         print_table(["path", "us per run", "over Compiled Graph"], rows)
         print()
-        srows, scaling = ray_scaling(max(20, runs // 5), reps, batch, channel)
-        print(f"Ray: data-parallel MLP B={batch} ({D}->{H}->{D}), 1 thread per worker, AsyncRuntime.stream depth 3:")
-        print_table(["workers", "runs/s", "over one node"], srows)
+        # About the same time per measurement at every size, and enough runs that filling and draining the
+        # depth-3 pipeline is a small part of it; at most 5 reps (a large batch's rep takes seconds).
+        points = [ray_scaling(b, max(16, (16384 if runs >= 300 else 8192) // b), min(reps, 5), channel)
+                  for b in batches]
+        print(f"Ray: data-parallel MLP ({RAY_D}->{RAY_H}->{RAY_D}), 1 thread per worker, AsyncRuntime.stream "
+              "depth 3, one worker on one node against two workers on two nodes (medians; ratios per rep):")
+        print_table(["batch", "GFLOP per run", "one node ms/run", "one node runs/s", "two nodes runs/s",
+                     "over one node"],
+                    [[p["batch"], p["gflop_per_run"], p["one_node_ms_per_run"], p["one_node_runs_per_s"],
+                      p["two_nodes_runs_per_s"], p["two_over_one"]["median"]] for p in points])
         print()
+        scaling = {"width": RAY_D, "hidden": RAY_H, "depth": 3, "reps": min(reps, 5), "points": points}
     finally:
         ray.shutdown()
         cluster.shutdown()
@@ -343,7 +373,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--batch", type=int, default=64, help="MLP batch in the pipelining test (split over the workers)")
     ap.add_argument("--workers", type=int, default=2, help="chip workers in the pipelining test")
     ap.add_argument("--ray", action="store_true", help="also measure RayTransport in a local two-node Ray cluster")
-    ap.add_argument("--ray-batch", type=int, default=512, help="MLP batch of the Ray scaling test")
+    ap.add_argument("--ray-batches", default=None,
+                    help="batch sizes of the Ray scaling sweep, comma-separated (default 256,512,1024,2048; "
+                         "--quick: 256,2048)")
     ap.add_argument("--ray-channel", choices=("actor", "compiled"), default="actor",
                     help="RayTransport's channel: plain actor calls (its default) or a Compiled Graph per worker")
     ap.add_argument("--json", default=None, help="where to write the JSON figures")
@@ -366,7 +398,8 @@ def main(argv: list[str] | None = None) -> dict:
     print()
     figures: dict = {"overhead": over, "pipelining": pipe}
     if args.ray:
-        figures["ray"] = ray_section(runs, reps, args.ray_batch, args.ray_channel)
+        batches = [int(b) for b in (args.ray_batches or ("256,2048" if args.quick else "256,512,1024,2048")).split(",")]
+        figures["ray"] = ray_section(runs, reps, batches, args.ray_channel)
     load = {"before": load_before, "after": os.getloadavg()}  # 1/5/15-minute load averages: a shared machine
     print(f"load average before {load_before[0]:.2f}, after {load['after'][0]:.2f} ({os.cpu_count()} cores)")
     figures["load_average"] = load

@@ -41,7 +41,7 @@ def test_quick_benchmark_with_ray(tmp_path):
     pytest.importorskip("ray")
     out = tmp_path / "distributed.json"
     proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--runs", "40", "--reps", "1", "--ray",
-                           "--ray-batch", "64", "--json", str(out)], capture_output=True, text=True, timeout=600)
+                           "--ray-batches", "64,128", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ray_figures = json.loads(out.read_text())["figures"]["ray"]
     assert ray_figures["channel"] == "actor"
@@ -49,6 +49,9 @@ def test_quick_benchmark_with_ray(tmp_path):
     for key in ("cgraph_us", "sync_us", "async_us", "async_over_cgraph"):
         assert _positive(over[key]), key
     scaling = ray_figures["scaling"]
-    assert scaling["nodes"] == {"1": 1, "2": 2}
-    assert _positive(scaling["one_node_runs_per_s"]) and _positive(scaling["two_nodes_runs_per_s"])
+    assert [p["batch"] for p in scaling["points"]] == [64, 128]
+    for p in scaling["points"]:
+        assert p["nodes"] == {"1": 1, "2": 2}
+        assert _positive(p["one_node_runs_per_s"]) and _positive(p["two_nodes_runs_per_s"])
+        assert _positive(p["two_over_one"]["median"]) and _positive(p["gflop_per_run"])
     assert "over Compiled Graph" in proc.stdout and "over one node" in proc.stdout
