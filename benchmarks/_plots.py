@@ -58,6 +58,9 @@ def overlap(data: dict[str, Any], out: Path) -> list[Path]:
     fig, ax = plt.subplots(figsize=(8.5, 4.5))
     depths = [d["depth"] for d in f["depths"]]
     ax.plot(depths, [d["runs_per_s"]["median"] for d in f["depths"]], "o-", color=TANDEM, lw=2.5, label="Tandem")
+    if all("native_floor" in d for d in f["depths"]):  # JSON from before the floor was measured has none
+        ax.plot(depths, [d["native_floor"]["runs_per_s"]["median"] for d in f["depths"]], "o:", color=TANDEM, lw=1.5,
+                label="Tandem's native floor")
     for name, peer in f.get("peers", {}).items():
         if peer["available"]:
             ds = peer["depths"]
@@ -78,12 +81,14 @@ def overlap(data: dict[str, Any], out: Path) -> list[Path]:
     cdf = f.get("latency_cdf", {}).get("samples_ms", {})
     if cdf:
         fig, ax = plt.subplots(figsize=(7, 4.5))
-        labels = {"tandem": "Tandem", **{k: v["label"] for k, v in f.get("peers", {}).items()}}
+        labels = {"tandem": "Tandem", "native_floor": "Tandem's native floor",
+                  **{k: v["label"] for k, v in f.get("peers", {}).items()}}
         for name, samples in cdf.items():
             xs = sorted(samples)
             ys = [(i + 1) / len(xs) for i in range(len(xs))]
-            ax.step(xs, ys, where="post", lw=2.5 if name == "tandem" else 1.5,
-                    color=TANDEM if name == "tandem" else PEER_COLORS.get(name), label=labels.get(name, name))
+            ax.step(xs, ys, where="post", lw=2.5 if name == "tandem" else 1.5, ls=":" if name == "native_floor" else "-",
+                    color=TANDEM if name in ("tandem", "native_floor") else PEER_COLORS.get(name),
+                    label=labels.get(name, name))
         ax.set_xlabel("run latency, ms (host step start to device step end)")
         ax.set_ylabel("fraction of runs")
         ax.set_title(f"Run latency CDF at depth {f['latency_cdf']['depth']} (sequential loop: no depth)")

@@ -6,6 +6,14 @@ device. With the pipeline, run N+1's orchestration overlaps run N's device
 work, so depth 2 approaches the bound; depth 1 can reach only about
 1 / (T_host + T_device).
 
+Beside Tandem, and taking turns with it, its native floor: the native calls
+of the same runs (begin a run on a free slot, stage x, submit the kept spin
+call, seal; wait for the oldest run when no slot is free) driven from
+Python with none of the engine's Python layer around them (binding, the
+Run, run.submit's checks, the handle, finishing). Tandem over its floor says
+what that layer costs; the floor's own fraction of the bound says what a
+Python-driven engine can reach on this machine at all.
+
 Peers do the same work (the same Python host step, the same native `spin`
 kernel called directly) at the same depth with as many device threads as
 Tandem has pool workers (see peers.py): a sequential loop, a
@@ -38,6 +46,7 @@ from _common import print_table, repeat, write_json  # noqa: E402
 from _progress import Progress  # noqa: E402
 
 import engine  # noqa: E402
+from engine import kernels as K  # noqa: E402
 from tandem.programs import python_work, spin  # noqa: E402  (the same work `tandem trace overlap` shows)
 
 DEPTHS = (1, 2, 3)
@@ -55,6 +64,42 @@ def tandem_sample(rt: engine.Runtime, runs: int, host_s: float, device_ns: int) 
         h.result()
     rate = runs / (time.perf_counter() - t0)
     times = [h.times() for h in handles]
+    return peers.Sample(rate, [(t["done_ns"] - t["created_ns"]) / 1e9 for t in times])
+
+
+def native_floor_sample(rt: engine.Runtime, runs: int, host_s: float, device_ns: int) -> peers.Sample:
+    """The same runs through the runtime's native engine alone: what is left of a run's host cost without
+    the engine's Python layer (reaches into the runtime's internals on purpose)."""
+    native_engine, table = rt._engine, rt._slot_table
+    assert native_engine is not None and table is not None
+    call = native_engine.prepare_call(rt._port.native_kernel(K.spin), [], [], [device_ns])  # as run.submit keeps it
+    x = np.zeros(16, np.float32)
+    staging = [(slot.accessor.map, slot.buffers["x"].addr) for slot in rt._slots]
+    begun: list[Any] = []
+    oldest = 0
+    t0 = time.perf_counter()
+    for _ in range(runs):
+        lease = native_engine.begin_run_leased(False, table)
+        while lease is None:  # every slot held: the oldest run frees one when it completes
+            begun[oldest].wait()
+            oldest += 1
+            lease = native_engine.begin_run_leased(False, table)
+        native = lease[0]
+        try:
+            stage, addr = staging[lease[2]]
+            stage(addr, x.nbytes, x, True)
+            python_work(host_s)
+            native_engine.submit_prepared(native, call)
+        except BaseException:
+            native.cancel()  # sealed below all the same: an unsealed run would hold close() forever
+            raise
+        finally:
+            native_engine.seal(native)
+        begun.append(native)
+    for native in begun[oldest:]:
+        native.wait()
+    rate = runs / (time.perf_counter() - t0)
+    times = [native.times() for native in begun]
     return peers.Sample(rate, [(t["done_ns"] - t["created_ns"]) / 1e9 for t in times])
 
 
@@ -111,7 +156,8 @@ def main(argv: list[str] | None = None) -> dict:
         for depth in DEPTHS:
             with spin.prepare(depth=depth, workers=args.workers) as rt:
                 fns: dict[str, Callable[[], peers.Sample]] = {
-                    "tandem": lambda: tandem_sample(rt, runs, host_s, device_ns)}  # noqa: B023
+                    "tandem": lambda: tandem_sample(rt, runs, host_s, device_ns),  # noqa: B023
+                    "native_floor": lambda: native_floor_sample(rt, runs, host_s, device_ns)}  # noqa: B023
                 if not args.no_peers:
                     if depth == 1:  # no depth of its own: measured once, beside Tandem at depth 1
                         fns["sequential"] = lambda: peers.sequential(work, runs)
@@ -142,9 +188,13 @@ def main(argv: list[str] | None = None) -> dict:
         got = samples["tandem"][depth]
         st = stats([s.runs_per_s for s in got])
         tandem_rate[depth] = st["median"]
+        floor = stats([s.runs_per_s for s in samples["native_floor"][depth]])
         figures["depths"].append({"depth": depth, "runs_per_s": st, "fraction_of_bound": st["median"] / bound,
-                                  "latency_ms": latency_ms(got)})
-        rows.append([depth, st["median"], st["min"], st["max"], st["median"] / bound])
+                                  "latency_ms": latency_ms(got),
+                                  "native_floor": {"runs_per_s": floor, "fraction_of_bound": floor["median"] / bound,
+                                                   "tandem_over_floor": st["median"] / floor["median"]}})
+        rows.append([depth, st["median"], st["min"], st["max"], st["median"] / bound, floor["median"] / bound,
+                     st["median"] / floor["median"]])
 
     figures["peers"] = {}
     for name, label in peers.PEERS.items():
@@ -169,7 +219,8 @@ def main(argv: list[str] | None = None) -> dict:
 
     print(f"T_host={args.host_ms} ms, T_device={args.device_ms} ms, {args.workers} pool worker(s); "
           f"bound 1/max = {bound:.0f} runs/s, serial 1/(sum) = {serial:.0f} runs/s; {runs} runs x {reps} reps")
-    print_table(["depth", "runs/s (median)", "min", "max", "fraction of bound"], rows)
+    print_table(["depth", "runs/s (median)", "min", "max", "fraction of bound", "native floor's fraction",
+                 "Tandem over floor"], rows)
     if not args.no_peers:
         print()
         print("Peers on the same work, same depth; Tandem/peer = Tandem's runs/s over the peer's (above 1: Tandem "

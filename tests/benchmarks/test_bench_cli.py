@@ -47,6 +47,9 @@ def overlap_schema(f: dict) -> list[float]:
     assert [d["depth"] for d in f["depths"]] == [1, 2, 3]
     assert f["bound_runs_per_s"] > f["serial_runs_per_s"] > 0
     ratios = [d["fraction_of_bound"] for d in f["depths"]] + [d["latency_ms"]["p50"] for d in f["depths"]]
+    for d in f["depths"]:  # the native floor, measured beside Tandem at every depth
+        floor = d["native_floor"]
+        ratios += [floor["runs_per_s"]["median"], floor["fraction_of_bound"], floor["tandem_over_floor"]]
     for name in ("sequential", "thread_pool", "to_thread"):
         peer = f["peers"][name]
         assert peer["available"], peer
