@@ -48,6 +48,9 @@ def tasks_headlines(f: dict[str, Any]) -> dict[str, float]:
 
 def overlap_headlines(f: dict[str, Any]) -> dict[str, float]:
     out = {f"depth {d['depth']}: fraction of 1/max(T_host, T_device)": d["fraction_of_bound"] for d in f["depths"]}
+    for d in f["depths"]:
+        if d["depth"] == 2 and "native_floor" in d:
+            out["depth 2: Tandem over its native floor (1: no cost of its own)"] = d["native_floor"]["tandem_over_floor"]
     for p in f.get("peers", {}).values():
         for d in p["depths"]:
             if d["depth"] == 2:
@@ -147,6 +150,12 @@ def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
     for d in f["pipelining"]["depths"]:
         if d["depth"] > 1:
             out[f"depth {d['depth']} over depth 1, runs/s"] = d["speedup_over_depth1"]
+    ray = f.get("ray")
+    if ray:
+        out["Ray: drt(x) over a bare Compiled Graph step (lower is better)"] = ray["overhead"]["sync_over_cgraph"]["median"]
+        for p in ray["scaling"]["points"]:
+            out[f"Ray: two nodes over one, B={p['batch']} ({p['gflop_per_run']:.2g} GFLOP a run)"] = \
+                p["two_over_one"]["median"]
     return out
 
 
