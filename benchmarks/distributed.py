@@ -55,7 +55,7 @@ from scheduler import AsyncRuntime  # noqa: E402
 
 N = 16  # floats per run in the overhead test
 D, H = 128, 512  # MLP widths in the pipelining test
-# The Ray scaling test's MLP: 4 * RAY_H flops per byte moved (x in, y out), so that at the larger batches of
+# The Ray scaling test's MLP: RAY_H / 2 flops per byte moved (x in, y out), so that at the larger batches of
 # the sweep a shard's compute (tens of ms) outweighs what Ray spends on a call (a few ms of CPU here).
 RAY_D, RAY_H = 256, 8192
 
