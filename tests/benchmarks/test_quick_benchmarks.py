@@ -75,6 +75,11 @@ def test_overlap_quick_depth2_beats_depth1(tmp_path, workers):
     # Depth 1 cannot overlap host and device (about 0.5 of the bound); depth 2 must,
     # by a generous margin on a shared machine.
     assert by_depth[2]["fraction_of_bound"] > 1.3 * by_depth[1]["fraction_of_bound"]
+    # The native floor does the same runs with less host work: it overlaps too, and Tandem, which does
+    # everything the floor does and more, cannot be clearly faster than it (generous margins: shared machine).
+    floor = {d: by_depth[d]["native_floor"] for d in (1, 2)}
+    assert floor[2]["fraction_of_bound"] > 1.3 * floor[1]["fraction_of_bound"]
+    assert by_depth[2]["native_floor"]["tandem_over_floor"] < 1.25
 
 
 def test_demo_runs_and_checks_against_numpy():
