@@ -62,8 +62,12 @@ def tandem_sample(rt: engine.Runtime, runs: int, host_s: float, device_ns: int) 
         handles.append(rt.submit(x, host_s, device_ns))
     for h in handles:
         h.result()
-    rate = runs / (time.perf_counter() - t0)
-    times = [h.times() for h in handles]
+    return _sample(runs / (time.perf_counter() - t0), handles)
+
+
+def _sample(rate: float, runs: list[Any]) -> peers.Sample:
+    """The rate, and each run's latency from its creation to done (runs: handles or native runs)."""
+    times = [r.times() for r in runs]
     return peers.Sample(rate, [(t["done_ns"] - t["created_ns"]) / 1e9 for t in times])
 
 
@@ -98,9 +102,7 @@ def native_floor_sample(rt: engine.Runtime, runs: int, host_s: float, device_ns:
         begun.append(native)
     for native in begun[oldest:]:
         native.wait()
-    rate = runs / (time.perf_counter() - t0)
-    times = [native.times() for native in begun]
-    return peers.Sample(rate, [(t["done_ns"] - t["created_ns"]) / 1e9 for t in times])
+    return _sample(runs / (time.perf_counter() - t0), begun)
 
 
 def stats(values: list[float]) -> dict[str, float]:

@@ -26,6 +26,14 @@ void require_len(const HostBuffer& b, size_t nbytes, const char* what) {
   }
 }
 
+// The data pointer of host_view once it is checked to be a writable C-contiguous buffer of at least
+// nbytes: what add() and map() hand the accessor (which keeps only the pointer).
+void* checked_view(py::handle host_view, size_t nbytes) {
+  HostBuffer host(host_view, true, "host_view");
+  require_len(host, nbytes, "host_view");
+  return host.data();
+}
+
 }  // namespace
 
 void bind_accessor(py::module_& m) {
@@ -45,13 +53,7 @@ void bind_accessor(py::module_& m) {
           "add",
           [](HostAccessor& acc, uint64_t device_base, int64_t size, py::object host_view) {
             const size_t n = to_size(size, "size");
-            void* view = nullptr;
-            if (!host_view.is_none()) {
-              HostBuffer host(host_view, true, "host_view");
-              require_len(host, n, "host_view");
-              view = host.data();
-            }
-            acc.add(static_cast<uintptr_t>(device_base), n, view);
+            acc.add(static_cast<uintptr_t>(device_base), n, host_view.is_none() ? nullptr : checked_view(host_view, n));
           },
           "device_base"_a, "size"_a, "host_view"_a,
           "Maps [device_base, device_base + size) to the first size bytes of host_view (a writable "
@@ -62,9 +64,7 @@ void bind_accessor(py::module_& m) {
           "map",
           [](HostAccessor& acc, uint64_t device_base, int64_t size, py::handle host_view, bool copy_in) {
             const size_t n = to_size(size, "size");
-            HostBuffer host(host_view, true, "host_view");
-            require_len(host, n, "host_view");
-            acc.add(static_cast<uintptr_t>(device_base), n, host.data());
+            acc.add(static_cast<uintptr_t>(device_base), n, checked_view(host_view, n));
             if (!copy_in) return;
             // A small copy costs less than handing the GIL over and taking it back.
             if (n < kCopyKeepsGil) {
