@@ -112,6 +112,11 @@ class Dispatcher:
         self._flush()
         return True
 
+    def read_until(self, run: RunRecord, timeout: float | None) -> bool | None:
+        """A waiter inside the transport's caller_reads() reads the replies until its run is done (True) or
+        the timeout passed (False); None for any other waiter, who waits for the run as usual."""
+        return self._transport.read_until(lambda: run.done, timeout)
+
     def wait_idle(self) -> None:
         """Blocks until every sealed run completed and was delivered."""
         with self._changed:

@@ -64,6 +64,9 @@ class RunRecord:
     def wait(self, timeout: float | None = None) -> bool:
         if self._done:
             return True
+        read = self._dispatcher.read_until(self, timeout)  # a caller that reads its own replies
+        if read is not None:
+            return read
         if self._until_done.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
             self._until_done.release()  # the next waiter's turn
         return self._done

@@ -171,6 +171,14 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         prefix = getattr(self._transport, "prefix", None)
         return [f"{prefix}_{s.index}" for s in self._slot_list] if prefix else []
 
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Runs once and returns the outputs, reading the run's replies on this thread (see
+        ProcessTransport): no other thread has to wake this one when the run completes."""
+        with self._transport.caller_reads():
+            handle = self.submit(*args, **kwargs)
+            handle.wait()
+        return handle.result()
+
     # -- the backend protocol -----------------------------------------------------------------------
     def check_open(self) -> None:
         super().check_open()

@@ -11,6 +11,8 @@ The orchestration layer (dispatch, runtime) only ever calls this interface:
     stop(timeout)                     stop and reap every worker, remove every region
     shares_memory                     whether workers address the regions' bytes in place
     transfer_stats() -> dict          what crossed between host and workers (counters)
+    caller_reads() -> context         optional: the calling thread reads the replies it waits for
+    read_until(done, timeout)         optional: reads replies on the calling thread until done()
 
 and receives through two callbacks, called on the transport's own threads:
 on_message(worker, message) for every reply (in order per worker), and
@@ -31,6 +33,7 @@ the host's region before on_message.
 from __future__ import annotations
 
 import abc
+import contextlib
 import multiprocessing
 import os
 import secrets
@@ -40,7 +43,7 @@ import threading
 import time
 from multiprocessing import connection
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, ContextManager, Iterator, Sequence
 
 from engine import _native
 from engine.distributed.errors import WorkerDiedError
@@ -109,6 +112,17 @@ class Transport(abc.ABC):
         """Counters of region bytes copied to and from workers (zero where the memory is shared)."""
         return {"bytes_to_workers": 0, "bytes_from_workers": 0, "views_to_workers": 0, "views_from_workers": 0}
 
+    def caller_reads(self) -> ContextManager[bool]:
+        """While in it, the calling thread reads the replies it waits for itself (read_until), rather than
+        being woken by the transport's thread: whether it got that role (one thread at a time). A
+        transport without the ability gives False and changes nothing."""
+        return contextlib.nullcontext(False)
+
+    def read_until(self, done: Callable[[], bool], timeout: float | None) -> bool | None:
+        """On the thread inside caller_reads(): reads and hands over replies until done() (True) or the
+        timeout passed (False). None: this thread does not read, the caller waits as usual."""
+        return None
+
 
 class _SharedRegion(Region):
     def __init__(self, index: int, shm: SharedMemory) -> None:
@@ -155,6 +169,17 @@ class ProcessTransport(Transport):
     reply is due, so it takes no core from the orchestrating thread, and a
     request sent while it sleeps wakes it, so it is polling by the time the
     reply comes. 0: every reader sleeps at once.
+
+    A thread that sends a run and then waits for it (DistributedRuntime's
+    `drt(x)`) reads its replies itself: inside caller_reads() its sends do
+    not wake the receiving thread, which leaves the reply connections to it
+    (it watches only worker exits then), and its wait polls the connections
+    and hands each reply to the dispatcher on its own thread. The run then
+    completes where its caller waits: the hand-off from the receiving thread
+    to the caller (a sleeping thread's wake-up) is gone. Any other thread's
+    send gives the connections back to the receiving thread; both may read
+    then, one message at a time (the read lock), each re-checking that a
+    message is still there once the other has read one.
     """
 
     def __init__(self, workers: int, start_method: str = "spawn", spin_us: int = DEFAULT_SPIN_US) -> None:
@@ -184,9 +209,22 @@ class ProcessTransport(Transport):
         self._requests: list[int] = []
         self._replies: list[int] = []
         self._receiver_asleep = False  # the receiving thread sleeps with no reply due: a request wakes it
+        # Reading replies: one thread at a time reads (and hands over) a whole message. `_reads` counts the
+        # messages read: a reader that sees it move since its wait re-checks that its message is still there.
+        self._read_lock = threading.Lock()
+        self._reads = 0
+        self._open: list[bool] = []  # per worker: its reply connection is open (not hung up, not stopped)
+        self._reply_fds: list[tuple[int, int]] = []  # (fd, worker) of each open reply connection
+        self._caller_token = threading.Lock()  # held by the one thread inside caller_reads()
+        self._caller: int | None = None  # that thread's ident
+        # False while the caller reads the replies: the receiving thread watches only exits and its wake pipe
+        self._receiver_reads = True
+        self._receiver_quiet = False  # the receiving thread is (about to be) in such a wait
         self._stopping = False
         self._stopped = False
         self._stop_lock = threading.Lock()
+        self._on_message: OnMessage = lambda worker, msg: None  # start() sets both
+        self._on_exit: OnExit = lambda worker, reason: None
 
     # -- regions -----------------------------------------------------------------------------
     def create_region(self, nbytes: int) -> Region:
@@ -209,14 +247,16 @@ class ProcessTransport(Transport):
             self._send_locks.append(threading.Lock())
             self._requests.append(0)
             self._replies.append(0)
+            self._open.append(True)
             try:
                 proc.start()
             finally:
                 child.close()  # the worker has its own copy now (or never will)
             parent.send_bytes(encode(setup))  # read once the worker has imported the engine: all start in parallel
         readies = [self._await_ready(i, deadline, timeout) for i in range(len(setups))]
-        self._thread = threading.Thread(target=self._receive, args=(on_message, on_exit),
-                                        name="tandem-transport", daemon=True)
+        self._on_message, self._on_exit = on_message, on_exit  # for whichever thread reads a reply
+        self._reply_fds = [(conn.fileno(), i) for i, conn in enumerate(self._conns)]
+        self._thread = threading.Thread(target=self._receive, name="tandem-transport", daemon=True)
         self._thread.start()
         return readies
 
@@ -237,71 +277,152 @@ class ProcessTransport(Transport):
             raise WorkerDiedError(f"chip worker {i} {describe_exit(proc.exitcode)} during startup", i, proc.exitcode)
         raise TimeoutError(f"chip worker {i} was not ready within startup_timeout={timeout} s")
 
-    def _receive(self, on_message: OnMessage, on_exit: OnExit) -> None:
-        """The receiving thread: every reply in order, then each worker's exit."""
-        # What it watches, fd -> (kind, worker): a reply connection leaves once hung up, a sentinel once reaped.
-        watched: dict[int, tuple[int, int]] = {conn.fileno(): (_REPLY, i) for i, conn in enumerate(self._conns)}
-        watched.update({proc.sentinel: (_EXIT, i) for i, proc in enumerate(self._procs)})
-        watched[self._wake_r] = (_WAKE, -1)
-        fds = list(watched)
-
-        def unwatch(fd: int) -> None:
-            nonlocal fds
-            if watched.pop(fd, None) is not None:
-                fds = list(watched)
-
-        def receive(i: int) -> bool:
-            """One reply of worker i handled; False once its connection is done with."""
-            conn = self._conns[i]
-            try:
-                msg = decode(recv_message(conn.fileno()))
-                self._replies[i] += 1
-                on_message(i, msg)
-                return True
-            except (EOFError, OSError):
-                unwatch(conn.fileno())  # hung up: its sentinel reports the exit
-            except BaseException as e:  # a reply the host cannot take: never leave runs hanging
-                unwatch(conn.fileno())
-                self._gone.add(i)
-                on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
-            return False
-
+    def _receive(self) -> None:
+        """The receiving thread: every reply in order (unless a caller reads them), then each worker's exit."""
+        exits_watched = {proc.sentinel: i for i, proc in enumerate(self._procs)}  # a sentinel leaves once reaped
         while True:
-            exits = []
-            spin = self.spin_us if self._reply_due() else 0
-            if spin == 0:
-                self._receiver_asleep = True
-                if self._reply_due():  # a request sent before its sender could see this thread asleep
-                    spin = self.spin_us
+            replies = self._reply_fds
+            tail = [*exits_watched, self._wake_r]
+            if self._receiver_reads:
+                self._receiver_quiet = False
+                spin = self.spin_us if self._reply_due() else 0
+                if spin == 0:
+                    self._receiver_asleep = True
+                    if self._reply_due():  # a request sent before its sender could see this thread asleep
+                        spin = self.spin_us
+                fds, timeout_ms = [fd for fd, _ in replies] + tail, -1
+            else:  # the caller reads the replies: exits and the wake pipe only, and a look now and then
+                self._receiver_quiet = self._receiver_asleep = True
+                replies, fds, spin, timeout_ms = [], tail, 0, _QUIET_LOOK_MS
+            seen = self._reads
             # One reply per readiness: the next is reported at once by the next wait.
-            ready = _native.wait_readable(fds, spin)
+            ready = _native.wait_readable(fds, spin, timeout_ms)
             self._receiver_asleep = False
-            for fd in [fds[k] for k in ready]:
-                entry = watched.get(fd)
-                if entry is None:  # unwatched by a reply handled before it
+            if not ready and not self._receiver_reads and self._caller is None and self._reply_due():
+                self._receiver_reads = True  # replies nobody is reading (not expected: every path hands back)
+            exits = []
+            for k in ready:
+                if k < len(replies):
+                    seen = self._take_reply(replies[k][1], seen)
                     continue
-                kind, i = entry
-                if kind == _WAKE:
+                fd = fds[k]
+                if fd == self._wake_r:
                     os.read(self._wake_r, 64)
                     if self._stopping:
                         return
-                elif kind == _EXIT:
-                    exits.append(i)
                 else:
-                    receive(i)
+                    exits.append(exits_watched[fd])
             for i in exits:  # after every reply the worker sent before it went
-                conn, proc = self._conns[i], self._procs[i]
-                conn_fd = conn.fileno()
-                while conn_fd in watched and conn.poll():
-                    receive(i)
-                unwatch(proc.sentinel)
-                unwatch(conn_fd)
+                proc = self._procs[i]
+                while self._open[i] and self._take_reply(i, -1, drain=True) >= 0:
+                    pass
+                del exits_watched[proc.sentinel]
+                with self._read_lock:
+                    self._close_reply(i)
                 # The sentinel fires as the process closes its fds, a moment before it can be
                 # reaped: wait for that moment so the exit code is known (and no zombie stays).
                 proc.join(5.0)
                 self._gone.add(i)
                 if not self._stopping:
-                    on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
+                    self._on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
+
+    def _take_reply(self, i: int, seen: int, drain: bool = False) -> int:
+        """Reads worker i's next reply and hands it over, if one is there; the read count after it.
+
+        `seen`: the read count when this reader's wait began (another reader may have taken the
+        message it reported since: then it looks again first). drain: look first in any case, and
+        give -1 when there was nothing.
+        """
+        with self._read_lock:
+            if not self._open[i]:
+                return -1 if drain else self._reads
+            fd = self._conns[i].fileno()
+            if (drain or self._reads != seen) and not _native.wait_readable([fd], 0, 0):
+                return -1 if drain else self._reads
+            try:
+                msg = decode(recv_message(fd))
+            except (EOFError, OSError):  # hung up: its sentinel reports the exit
+                self._close_reply(i)
+                return self._reads
+            except BaseException as e:  # a reply the host cannot take: never leave runs hanging
+                self._fail_reply(i, e)
+                if not isinstance(e, Exception):
+                    raise  # an interrupt of the reading caller: the runtime is broken, and it is said
+                return self._reads
+            self._reads += 1
+            self._replies[i] += 1
+            try:
+                self._on_message(i, msg)
+            except BaseException as e:
+                self._fail_reply(i, e)
+                if not isinstance(e, Exception):
+                    raise
+            return self._reads
+
+    def _close_reply(self, i: int) -> None:  # under the read lock
+        self._open[i] = False
+        self._reply_fds = [(fd, w) for fd, w in self._reply_fds if w != i]
+
+    def _fail_reply(self, i: int, e: BaseException) -> None:
+        self._close_reply(i)
+        self._gone.add(i)
+        self._on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
+
+    # -- a caller reading its own replies ------------------------------------------------------------
+    @contextlib.contextmanager
+    def _caller_reads(self) -> Iterator[bool]:
+        if not self._caller_token.acquire(blocking=False):
+            yield False  # another thread reads: this one waits as usual
+            return
+        try:
+            self._caller = threading.get_ident()
+            if not self._reply_due():  # nothing else is due: leave the connections to this thread
+                self._receiver_reads = False
+                if not self._receiver_quiet:  # it may be asleep on the connections: our reply would wake it
+                    self._wake_receiver()
+            yield True
+        finally:
+            self._caller = None
+            self._caller_token.release()
+            self._hand_back()
+
+    def caller_reads(self) -> ContextManager[bool]:
+        return self._caller_reads()
+
+    def read_until(self, done: Callable[[], bool], timeout: float | None) -> bool | None:
+        if self._caller != threading.get_ident():
+            return None
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        spin = self.spin_us  # polls while replies come, sleeps between looks once none came (a reply wakes it)
+        while not done():
+            replies = self._reply_fds
+            if not replies or self._stopping:
+                return None  # nothing left to read: the receiving thread reports the exits
+            look_ms = _CALLER_LOOK_MS
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                look_ms = min(look_ms, max(1, int(left * 1e3)))
+            seen = self._reads
+            # A look at most this long: the run may complete without a reply to this thread (a worker's
+            # exit, a reply the receiving thread took), and an interrupt is seen between looks.
+            ready = _native.wait_readable([fd for fd, _ in replies], spin, look_ms)
+            for k in ready:
+                seen = self._take_reply(replies[k][1], seen)
+            spin = self.spin_us if ready else 0
+        return True
+
+    def _hand_back(self) -> None:
+        """The connections go back to the receiving thread if a reply is due that no caller reads."""
+        if not self._receiver_reads and self._caller is None and self._reply_due():
+            self._receiver_reads = True
+            self._wake_receiver()
+
+    def _wake_receiver(self) -> None:
+        with self._wake_lock:
+            if not self._stopped:
+                os.write(self._wake_w, b"r")
 
     def _reply_due(self) -> bool:
         """A worker still alive owes a reply (read by the receiving thread; racing a sender is harmless)."""
@@ -321,10 +442,13 @@ class ProcessTransport(Transport):
                     return False
             send_message(conn.fileno(), data)
             self._requests[worker] += 1  # every message sent here (a Call, a MemoryOp) has one reply
-        if self._receiver_asleep:  # so it polls by the time the reply comes, instead of waking for it
-            with self._wake_lock:
-                if not self._stopped:
-                    os.write(self._wake_w, b"r")
+        if self._caller == threading.get_ident():
+            pass  # the reply's reader is this thread
+        elif not self._receiver_reads:  # another thread's reply: the receiving thread reads again
+            self._receiver_reads = True
+            self._wake_receiver()
+        elif self._receiver_asleep:  # so it polls by the time the reply comes, instead of waking for it
+            self._wake_receiver()
         return True
 
     def alive(self, worker: int) -> bool:
@@ -361,6 +485,9 @@ class ProcessTransport(Transport):
             os.write(self._wake_w, b"x")
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join()
+            with self._read_lock:  # a caller between looks reads no connection from here on
+                self._open = [False] * len(self._open)
+                self._reply_fds = []
             for lock, conn in zip(self._send_locks, self._conns):
                 with lock:  # a sender checks under it that the connection is open (the workers are gone by now:
                     conn.close()  # a send under way has failed, not waiting on a reader)
@@ -375,7 +502,8 @@ class ProcessTransport(Transport):
 
 
 _NONBLOCKING_MAX = 16 << 10
-_REPLY, _EXIT, _WAKE = 0, 1, 2  # what a watched fd of the receiving thread is
+_QUIET_LOOK_MS = 50  # while a caller reads the replies, the receiving thread still looks this often
+_CALLER_LOOK_MS = 2  # a reading caller's longest sleep between looks at its run
 
 
 def _writable(conn: connection.Connection) -> bool:

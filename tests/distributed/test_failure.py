@@ -6,6 +6,7 @@ import gc
 import multiprocessing
 import os
 import signal
+import threading
 
 import anyio
 import numpy as np
@@ -181,4 +182,21 @@ def test_forkserver_start_method():
                          start_method="forkserver") as drt:
         x = np.ones((4, P.D), np.float32)
         np.testing.assert_allclose(drt(x), 3.0 * x)
+    assert_cleaned_up(drt)
+
+
+def test_a_worker_killed_during_a_sync_call_fails_it():
+    """drt(x) reads its own replies: a worker that dies meanwhile still fails the call (through the receiving
+    thread, which watches the workers' exits while the caller reads)."""
+    drt = _slow()
+    try:
+        drt(np.zeros(2, np.float32), 1)
+        killer = threading.Timer(0.3, os.kill, (drt.pids[0], signal.SIGKILL))
+        killer.start()
+        with pytest.raises(dist.WorkerDiedError, match=r"chip worker 0 \(pid \d+\) was killed by SIGKILL"):
+            drt(np.zeros(2, np.float32), 5_000_000_000)  # 5 s: killed long before
+        killer.join()
+        assert drt.broken
+    finally:
+        drt.close()
     assert_cleaned_up(drt)

@@ -305,3 +305,55 @@ def test_readers_that_sleep_at_once_or_poll_briefly_lose_nothing(prepare, spin_u
 def test_a_bad_spin_is_refused_before_any_process_starts(spin_us):
     with pytest.raises(ValueError, match="spin_us"):
         dist.ProcessTransport(2, spin_us=spin_us)
+
+
+# -- the caller reading its own replies --------------------------------------------------------------------
+def _reply_threads(drt: dist.DistributedRuntime) -> list[int]:
+    """Wraps the transport's reply handler so that each reply records the thread that handled it."""
+    transport = drt._transport
+    handle = transport._on_message
+    seen: list[int] = []
+
+    def recording(worker, msg):
+        seen.append(threading.get_ident())
+        handle(worker, msg)
+
+    transport._on_message = recording
+    return seen
+
+
+def test_a_sync_call_reads_its_replies_on_its_own_thread(slow, chain):
+    """drt(x) hands its replies to the dispatcher on the calling thread (no hand-off from the receiving thread
+    to the caller); a submitted run's replies are read by the receiving thread, and the two alternate freely."""
+    seen = _reply_threads(slow)
+    zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(slow(zeros, 1), ones)
+    assert len(seen) == 6 and set(seen) == {threading.get_ident()}  # each call: both workers' replies
+    seen.clear()
+    handles = [slow.submit(zeros, 1) for _ in range(4)]
+    for h in handles:
+        np.testing.assert_array_equal(h.result(timeout=60), ones)
+    assert len(seen) == 8 and threading.get_ident() not in seen
+    seen.clear()
+    np.testing.assert_array_equal(slow(zeros, 1), ones)  # back to the caller
+    assert set(seen) == {threading.get_ident()}
+
+    # A host callback's thread sends the step after it: the receiving thread reads that reply, the caller the first.
+    seen = _reply_threads(chain)
+    x = randn(np.random.default_rng(7), B, P.D)
+    np.testing.assert_allclose(chain(x), x * 3.0, rtol=1e-6)
+    assert len(seen) == 2 and seen[0] == threading.get_ident()
+
+
+def test_a_caller_that_reads_its_replies_can_time_out_and_wait_again(slow):
+    transport = slow._transport
+    with transport.caller_reads() as reads:
+        assert reads is True
+        with transport.caller_reads() as again:
+            assert again is False  # one reader at a time
+        h = slow.submit(np.zeros(2, np.float32), 200_000_000)  # 0.2 s on each worker
+        assert h.wait(0.01) is False and not h.done
+        np.testing.assert_array_equal(h.result(timeout=30), np.ones(2, np.float32))
+    assert transport.read_until(lambda: False, 0.0) is None  # outside it: this thread does not read
+    np.testing.assert_array_equal(slow(np.zeros(2, np.float32), 1), np.ones(2, np.float32))
