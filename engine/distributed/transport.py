@@ -210,7 +210,8 @@ class ProcessTransport(Transport):
         self._replies: list[int] = []
         self._receiver_asleep = False  # the receiving thread sleeps with no reply due: a request wakes it
         # Reading replies: one thread at a time reads (and hands over) a whole message. `_reads` counts the
-        # messages read: a reader that sees it move since its wait re-checks that its message is still there.
+        # messages read: a reader that sees it move by more than its own reads since its wait re-checks
+        # that a message is still there before reading (the readiness its wait saw may be another's by now).
         self._read_lock = threading.Lock()
         self._reads = 0
         self._open: list[bool] = []  # per worker: its reply connection is open (not hung up, not stopped)
@@ -303,7 +304,7 @@ class ProcessTransport(Transport):
             exits = []
             for k in ready:
                 if k < len(replies):
-                    seen = self._take_reply(replies[k][1], seen)
+                    seen += self._take_reply(replies[k][1], seen)
                     continue
                 fd = fds[k]
                 if fd == self._wake_r:
@@ -314,7 +315,7 @@ class ProcessTransport(Transport):
                     exits.append(exits_watched[fd])
             for i in exits:  # after every reply the worker sent before it went
                 proc = self._procs[i]
-                while self._open[i] and self._take_reply(i, -1, drain=True) >= 0:
+                while self._open[i] and self._take_reply(i, -1):  # -1: looks before each read
                     pass
                 del exits_watched[proc.sentinel]
                 with self._read_lock:
@@ -326,29 +327,29 @@ class ProcessTransport(Transport):
                 if not self._stopping:
                     self._on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
 
-    def _take_reply(self, i: int, seen: int, drain: bool = False) -> int:
-        """Reads worker i's next reply and hands it over, if one is there; the read count after it.
+    def _take_reply(self, i: int, seen: int) -> bool:
+        """Reads worker i's next reply and hands it over, if one is there; whether it read one.
 
-        `seen`: the read count when this reader's wait began (another reader may have taken the
-        message it reported since: then it looks again first). drain: look first in any case, and
-        give -1 when there was nothing.
+        `seen`: the read count when this reader's wait began plus its own reads since. When the
+        count has moved further, another reader may have taken the message the wait reported:
+        look again first.
         """
         with self._read_lock:
             if not self._open[i]:
-                return -1 if drain else self._reads
+                return False
             fd = self._conns[i].fileno()
-            if (drain or self._reads != seen) and not _native.wait_readable([fd], 0, 0):
-                return -1 if drain else self._reads
+            if self._reads != seen and not _native.wait_readable([fd], 0, 0):
+                return False
             try:
                 msg = decode(recv_message(fd))
             except (EOFError, OSError):  # hung up: its sentinel reports the exit
                 self._close_reply(i)
-                return self._reads
+                return False
             except BaseException as e:  # a reply the host cannot take: never leave runs hanging
                 self._fail_reply(i, e)
                 if not isinstance(e, Exception):
                     raise  # an interrupt of the reading caller: the runtime is broken, and it is said
-                return self._reads
+                return False
             self._reads += 1
             self._replies[i] += 1
             try:
@@ -357,7 +358,7 @@ class ProcessTransport(Transport):
                 self._fail_reply(i, e)
                 if not isinstance(e, Exception):
                     raise
-            return self._reads
+            return True
 
     def _close_reply(self, i: int) -> None:  # under the read lock
         self._open[i] = False
@@ -409,7 +410,7 @@ class ProcessTransport(Transport):
             # exit, a reply the receiving thread took), and an interrupt is seen between looks.
             ready = _native.wait_readable([fd for fd, _ in replies], spin, look_ms)
             for k in ready:
-                seen = self._take_reply(replies[k][1], seen)
+                seen += self._take_reply(replies[k][1], seen)
             spin = self.spin_us if ready else 0
         return True
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import anyio
 import numpy as np
@@ -357,3 +358,44 @@ def test_a_caller_that_reads_its_replies_can_time_out_and_wait_again(slow):
         np.testing.assert_array_equal(h.result(timeout=30), np.ones(2, np.float32))
     assert transport.read_until(lambda: False, 0.0) is None  # outside it: this thread does not read
     np.testing.assert_array_equal(slow(np.zeros(2, np.float32), 1), np.ones(2, np.float32))
+
+
+def test_sync_callers_and_submitters_together_lose_no_reply(prepare):
+    """A caller reading its replies, the receiving thread reading others', both on two workers' connections at once
+    (a wait may report both ready, and the other reader take one meanwhile): for a few seconds every call and
+    every submitted run gets its result, and no reader blocks on a message another took."""
+    drt = prepare(P.slow, depth=4)
+    zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
+    stop = time.monotonic() + 3.0
+    done: list[int] = []
+    errors: list[BaseException] = []
+
+    def calls() -> None:
+        try:
+            n = 0
+            while time.monotonic() < stop:
+                np.testing.assert_array_equal(drt(zeros, 1), ones)
+                n += 1
+            done.append(n)
+        except BaseException as e:  # reported below, on the test's thread
+            errors.append(e)
+
+    def submits() -> None:
+        try:
+            n = 0
+            while time.monotonic() < stop:
+                for h in [drt.submit(zeros, 1) for _ in range(2)]:
+                    np.testing.assert_array_equal(h.result(timeout=30), ones)
+                    n += 1
+            done.append(n)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (calls, calls, submits)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a reader blocked: a thread never returned"
+    assert errors == [] and len(done) == 3 and min(done) > 0
+    assert drt.memory_stats()["free_slots"] == 4
