@@ -292,9 +292,11 @@ class ProcessTransport(Transport):
                     if self._reply_due():  # a request sent before its sender could see this thread asleep
                         spin = self.spin_us
                 fds, timeout_ms = [fd for fd, _ in replies] + tail, -1
-            else:  # the caller reads the replies: exits and the wake pipe only, and a look now and then
+            else:  # the caller reads the replies: exits and the wake pipe only (a request by anyone else wakes it)
                 self._receiver_quiet = self._receiver_asleep = True
-                replies, fds, spin, timeout_ms = [], tail, 0, _QUIET_LOOK_MS
+                # While a caller reads, a look now and then as well; an idle runtime's thread sleeps.
+                replies, fds, spin = [], tail, 0
+                timeout_ms = _QUIET_LOOK_MS if self._caller is not None or self._reply_due() else -1
             seen = self._reads
             # One reply per readiness: the next is reported at once by the next wait.
             ready = _native.wait_readable(fds, spin, timeout_ms)
