@@ -43,7 +43,7 @@ import threading
 import time
 from multiprocessing import connection
 from multiprocessing.shared_memory import SharedMemory
-from typing import Any, Callable, ContextManager, Iterator, Sequence
+from typing import Any, Callable, ContextManager, Sequence
 
 from engine import _native
 from engine.distributed.errors import WorkerDiedError
@@ -372,25 +372,23 @@ class ProcessTransport(Transport):
         self._on_exit(i, f"chip worker {i}: its reply could not be handled ({type(e).__name__}: {e})")
 
     # -- a caller reading its own replies ------------------------------------------------------------
-    @contextlib.contextmanager
-    def _caller_reads(self) -> Iterator[bool]:
-        if not self._caller_token.acquire(blocking=False):
-            yield False  # another thread reads: this one waits as usual
-            return
-        try:
-            self._caller = threading.get_ident()
-            if not self._reply_due():  # nothing else is due: leave the connections to this thread
-                self._receiver_reads = False
-                if not self._receiver_quiet:  # it may be asleep on the connections: our reply would wake it
-                    self._wake_receiver()
-            yield True
-        finally:
-            self._caller = None
-            self._caller_token.release()
-            self._hand_back()
-
     def caller_reads(self) -> ContextManager[bool]:
-        return self._caller_reads()
+        return _CallerReads(self)
+
+    def _begin_caller(self) -> bool:
+        if not self._caller_token.acquire(blocking=False):
+            return False  # another thread reads: this one waits as usual
+        self._caller = threading.get_ident()
+        if not self._reply_due():  # nothing else is due: leave the connections to this thread
+            self._receiver_reads = False
+            if not self._receiver_quiet:  # it may be asleep on the connections: our reply would wake it
+                self._wake_receiver()
+        return True
+
+    def _end_caller(self) -> None:
+        self._caller = None
+        self._caller_token.release()
+        self._hand_back()
 
     def read_until(self, done: Callable[[], bool], timeout: float | None) -> bool | None:
         if self._caller != threading.get_ident():
@@ -429,6 +427,8 @@ class ProcessTransport(Transport):
 
     def _reply_due(self) -> bool:
         """A worker still alive owes a reply (read by the receiving thread; racing a sender is harmless)."""
+        if self._requests == self._replies:  # the common answer, at C speed (a sync call asks twice)
+            return False
         gone = self._gone
         return any(sent > got and i not in gone for i, (sent, got) in enumerate(zip(self._requests, self._replies)))
 
@@ -507,6 +507,26 @@ class ProcessTransport(Transport):
 _NONBLOCKING_MAX = 16 << 10
 _QUIET_LOOK_MS = 50  # while a caller reads the replies, the receiving thread still looks this often
 _CALLER_LOOK_MS = 2  # a reading caller's longest sleep between looks at its run
+
+
+class _CallerReads:
+    """ProcessTransport.caller_reads(): a plain class, as a sync call enters it every time (a generator-based
+    context manager costs microseconds a call)."""
+
+    __slots__ = ("_transport", "_got")
+
+    def __init__(self, transport: ProcessTransport) -> None:
+        self._transport = transport
+        self._got = False
+
+    def __enter__(self) -> bool:
+        self._got = self._transport._begin_caller()
+        return self._got
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._got:
+            self._got = False
+            self._transport._end_caller()
 
 
 def _writable(conn: connection.Connection) -> bool:
