@@ -150,6 +150,11 @@ def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
     for d in f["pipelining"]["depths"]:
         if d["depth"] > 1:
             out[f"depth {d['depth']} over depth 1, runs/s"] = d["speedup_over_depth1"]
+    deepest = f["pipelining"]["depths"][-1]
+    out[f"depth {deepest['depth']}: fraction of the bound"] = deepest["fraction_of_bound"]
+    if "cpu_ceiling_over_bound" in deepest:  # results from before the CPU was measured have none
+        out[f"depth {deepest['depth']}: what the cores allow at its CPU a run, of the bound"] = \
+            deepest["cpu_ceiling_over_bound"]
     ray = f.get("ray")
     if ray:
         out["Ray: drt(x) over a bare Compiled Graph step (lower is better)"] = ray["overhead"]["sync_over_cgraph"]["median"]

@@ -212,17 +212,20 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
         w2s = [drt.alloc_tensor((H, D), init=w2, worker_id=i) for i in range(workers)]
         outs = [np.empty((batch, D), np.float32) for _ in range(3)]
 
-        async def stream(depth: int) -> tuple[float, float, float]:
+        async def stream(depth: int) -> tuple[float, float, float, float, float]:
             items = [(xs[i % len(xs)], w1s, w2s, outs[i % 3]) for i in range(runs)]
             async with AsyncRuntime(drt) as art:
+                cpu0 = cpu_seconds(drt.pids)
                 t0 = time.perf_counter()
                 async for _ in art.stream(items, depth=depth):
                     pass
                 rate = runs / (time.perf_counter() - t0)
+                cpu1 = cpu_seconds(drt.pids)
                 s = art.stats()
-            return rate, s.orchestration.p50, s.device.p50
+            return rate, s.orchestration.p50, s.device.p50, (cpu1[0] - cpu0[0]) / runs, (cpu1[1] - cpu0[1]) / runs
 
-        results: dict[int, list[tuple[float, float, float]]] = {1: [], 2: [], 3: []}
+        # depth -> per rep (runs/s, host orchestration p50 s, worker p50 s, host CPU s a run, workers' CPU s a run)
+        results: dict[int, list[tuple[float, float, float, float, float]]] = {1: [], 2: [], 3: []}
 
         def one_rep() -> float:
             for depth in (1, 2, 3):
@@ -238,20 +241,44 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
     t_host = float(np.median([r[1] for r in results[1][-reps:]]))
     t_worker = float(np.median([r[2] for r in results[1][-reps:]]))
     bound = 1.0 / max(t_host, t_worker)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     for depth in (1, 2, 3):
         rates = [r[0] for r in results[depth][-reps:]]
         rate = float(np.median(rates))
         speedups = [r[0] / b[0] for r, b in zip(results[depth][-reps:], results[1][-reps:])]
         host = float(np.median([r[1] for r in results[depth][-reps:]]))
         device = float(np.median([r[2] for r in results[depth][-reps:]]))
+        host_cpu = float(np.median([r[3] for r in results[depth][-reps:]]))
+        workers_cpu = float(np.median([r[4] for r in results[depth][-reps:]]))
+        # What the machine's cores allow at this CPU cost a run (polling included): the bound assumes a core each
+        # for the host and every worker, which a machine with fewer cores cannot give.
+        cpu_ceiling = cores / (host_cpu + workers_cpu) if host_cpu + workers_cpu > 0 else float("inf")
         figures["depths"].append({"depth": depth, "runs_per_s": rate, "speedup_over_depth1": float(np.median(speedups)),
                                   "fraction_of_bound": rate / bound, "host_ms_p50": host * 1e3,
-                                  "device_ms_p50": device * 1e3})
-        rows.append([depth, rate, float(np.median(speedups)), rate / bound, host * 1e3, device * 1e3])
+                                  "device_ms_p50": device * 1e3, "host_cpu_ms_per_run": host_cpu * 1e3,
+                                  "workers_cpu_ms_per_run": workers_cpu * 1e3, "cpu_ceiling_runs_per_s": cpu_ceiling,
+                                  "cpu_ceiling_over_bound": cpu_ceiling / bound})
+        rows.append([depth, rate, float(np.median(speedups)), rate / bound, host * 1e3, device * 1e3,
+                     host_cpu * 1e3, workers_cpu * 1e3, cpu_ceiling / bound])
+    figures["cores"] = cores
     figures["speedup_depth2"] = speedup2
     figures["depth1_runs_per_s"] = base
     figures["bound_runs_per_s"] = bound
     return rows, figures
+
+
+def cpu_seconds(worker_pids: list[int]) -> tuple[float, float]:
+    """CPU seconds used so far by this process (every thread) and by the worker processes together (summed over
+    their threads' /proc schedstat, in ns; 0 where there is no /proc)."""
+    workers = 0
+    for pid in worker_pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    workers += int(f.read().split()[0])  # ns on a CPU
+        except (OSError, IndexError, ValueError):  # not Linux, or a thread or the worker is gone meanwhile
+            pass
+    return time.process_time(), workers / 1e9
 
 
 # -- Ray: the transport against a bare Compiled Graph, and scaling over nodes ------------------------------
@@ -394,7 +421,8 @@ def main(argv: list[str] | None = None) -> dict:
     prow, pipe = pipelining(max(40, runs // 2), reps, args.batch, args.workers)
     print(f"Data-parallel MLP B={args.batch} ({D}->{H}->{D}) on {args.workers} chip worker(s) x 1 thread, "
           f"AsyncRuntime.stream; bound 1/max(T_host, T_worker) at depth 1 = {pipe['bound_runs_per_s']:.0f} runs/s:")
-    print_table(["depth", "runs/s", "over depth 1", "of bound", "host ms p50", "worker ms p50"], prow)
+    print_table(["depth", "runs/s", "over depth 1", "of bound", "host ms p50", "worker ms p50", "host CPU ms/run",
+                 "workers CPU ms/run", f"{pipe['cores']} cores allow, of bound"], prow)
     print()
     figures: dict = {"overhead": over, "pipelining": pipe}
     if args.ray:

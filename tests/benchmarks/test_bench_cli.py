@@ -109,7 +109,9 @@ def capture_schema(f: dict) -> list[float]:
 def distributed_schema(f: dict) -> list[float]:
     assert [d["depth"] for d in f["pipelining"]["depths"]] == [1, 2, 3]
     return [f["overhead"]["sync_over_bare"]["median"], f["overhead"]["async_over_bare"]] + [
-        d[k] for d in f["pipelining"]["depths"] for k in ("fraction_of_bound", "speedup_over_depth1", "runs_per_s")]
+        d[k] for d in f["pipelining"]["depths"] for k in ("fraction_of_bound", "speedup_over_depth1", "runs_per_s",
+                                                          "host_cpu_ms_per_run", "workers_cpu_ms_per_run",
+                                                          "cpu_ceiling_over_bound")]
 
 
 SCHEMAS: dict[str, Callable[[dict], list[float]]] = {

@@ -33,7 +33,11 @@ def test_quick_benchmark(tmp_path):
     for d in pipe["depths"]:
         assert _positive(d["runs_per_s"]) and _positive(d["speedup_over_depth1"]) and _positive(d["fraction_of_bound"])
         assert _positive(d["host_ms_p50"]) and _positive(d["device_ms_p50"])
-    assert "over bare" in proc.stdout and "over depth 1" in proc.stdout
+        # CPU a run, measured (this process's threads, the workers' from /proc), and what the cores allow at that cost
+        assert _positive(d["host_cpu_ms_per_run"]) and _positive(d["workers_cpu_ms_per_run"])
+        assert d["cpu_ceiling_runs_per_s"] == pytest.approx(
+            pipe["cores"] / ((d["host_cpu_ms_per_run"] + d["workers_cpu_ms_per_run"]) / 1e3))
+    assert "over bare" in proc.stdout and "over depth 1" in proc.stdout and "cores allow" in proc.stdout
 
 
 @pytest.mark.slow
