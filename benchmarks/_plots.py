@@ -275,7 +275,7 @@ def distributed(data: dict[str, Any], out: Path) -> list[Path]:
         a3.bar(["Compiled Graph\nstep", "RayTransport\ndrt(x)", "RayTransport\nawait"],
                [r["cgraph_us"], r["sync_us"], r["async_us"]], color=["black", TANDEM, "#aec7e8"])
         a3.set_ylabel("us per run (median)")
-        a3.set_title(f"Ray ({ray['channel']} channel): per-run overhead")
+        a3.set_title(f"Ray ({ray['channel']} channel): per-run overhead, driver's node")
         a4 = axes[3]
         pts = sc["points"]
         a4.plot([q["gflop_per_run"] for q in pts], [q["two_over_one"]["median"] for q in pts], "o-", color=TANDEM,

@@ -157,7 +157,11 @@ def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
             deepest["cpu_ceiling_over_bound"]
     ray = f.get("ray")
     if ray:
-        out["Ray: drt(x) over a bare Compiled Graph step (lower is better)"] = ray["overhead"]["sync_over_cgraph"]["median"]
+        out["Ray: drt(x) over a bare Compiled Graph step, driver's node (lower is better)"] = \
+            ray["overhead"]["sync_over_cgraph"]["median"]
+        if "overhead_other_node" in ray:  # results from before both placements were measured have one
+            out["Ray: drt(x) over a bare Compiled Graph step, other node (lower is better)"] = \
+                ray["overhead_other_node"]["sync_over_cgraph"]["median"]
         for p in ray["scaling"]["points"]:
             out[f"Ray: two nodes over one, B={p['batch']} ({p['gflop_per_run']:.2g} GFLOP a run)"] = \
                 p["two_over_one"]["median"]

@@ -19,7 +19,8 @@
    (ray.cluster_utils.Cluster; one pool thread per worker). Per-run overhead of the
    one-copy program through RayTransport (sync and awaited) against a bare
    Ray Compiled Graph doing the same single-actor step (an actor running
-   the same copy program on its own engine), interleaved rep by rep; and
+   the same copy program on its own engine), interleaved rep by rep, with
+   both actors on the driver's node, then both on the other node; and
    data-parallel scaling: a wide MLP (RAY_D -> RAY_H -> RAY_D) streamed at
    depth 3 on one worker on one node against two workers on two nodes, over
    a sweep of batch sizes (--ray-batches): small batches show Ray's per-call
@@ -292,23 +293,41 @@ class CopyStep:
         return self.rt(x)
 
 
-def ray_overhead(runs: int, reps: int, channel: str) -> tuple[list[list], dict]:
+def ray_overhead(runs: int, reps: int, channel: str, node: str) -> tuple[list[list], dict]:
+    """The one-copy program through RayTransport against a bare Compiled Graph step, both actors on `node`.
+
+    Both on the same node, as where an actor runs decides what its channel to the driver costs: on
+    another node than the driver's, a bare step costs 3-4x what it costs on the driver's
+    (measured 2026-12-06, two-node local cluster), which would swamp what is being compared.
+    """
     import ray
     from ray.dag import InputNode
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-    actor = ray.remote(num_cpus=1)(CopyStep).remote()
-    with InputNode() as inp:
-        dag = actor.step.bind(inp)
-    cgraph = dag.experimental_compile()
-    drt = one_copy.prepare(workers=1, worker_threads=1, depth=2, transport=dist.RayTransport(channel=channel))
+    on_node = {"scheduling_strategy": NodeAffinitySchedulingStrategy(node, soft=False)}
+    drt = one_copy.prepare(workers=1, worker_threads=1, depth=2,
+                           transport=dist.RayTransport(channel=channel, worker_options=on_node))
+    actor = cgraph = None
     try:
+        actor = ray.remote(num_cpus=1)(CopyStep).options(**on_node).remote()
+        with InputNode() as inp:
+            dag = actor.step.bind(inp)
+        cgraph = dag.experimental_compile()
         np.testing.assert_array_equal(cgraph.execute(np.ones(N, np.float32)).get(), np.ones(N, np.float32))
-        return overhead_against(drt, lambda x, y, i: cgraph.execute(x).get(),
-                                "bare Compiled Graph step (same copy program)", "cgraph", runs, reps, "RayTransport ")
+        actor_node = ray.get(actor.__ray_call__.remote(lambda self: ray.get_runtime_context().get_node_id()))
+        assert actor_node == node and drt._transport.node_ids == [node], "both actors must be on the node asked"
+        bare = cgraph
+        rows, figures = overhead_against(drt, lambda x, y, i: bare.execute(x).get(),
+                                         "bare Compiled Graph step (same copy program)", "cgraph", runs, reps,
+                                         "RayTransport ")
+        figures["node"] = node
+        return rows, figures
     finally:
         drt.close()
-        cgraph.teardown()
-        ray.kill(actor)
+        if cgraph is not None:
+            cgraph.teardown()
+        if actor is not None:
+            ray.kill(actor)
 
 
 def ray_scaling(batch: int, runs: int, reps: int, channel: str) -> dict:
@@ -369,11 +388,15 @@ def ray_section(runs: int, reps: int, batches: list[int], channel: str) -> dict:
     cluster.wait_for_nodes()
     ray.init(address=cluster.address, logging_level="ERROR", log_to_driver=False)
     try:
-        rows, over = ray_overhead(runs, reps, channel)
-        print(f"Ray ({channel} channel): per-run overhead, 1 chip worker, {runs} runs x {reps} reps (medians; "
-              "ratios per rep, interleaved):")
-        print_table(["path", "us per run", "over Compiled Graph"], rows)
-        print()
+        driver_node = ray.get_runtime_context().get_node_id()
+        other_node = next(n["NodeID"] for n in ray.nodes() if n["Alive"] and n["NodeID"] != driver_node)
+        overheads = {}
+        for where, node in (("driver's node", driver_node), ("other node", other_node)):
+            rows, overheads[where] = ray_overhead(runs, reps, channel, node)
+            print(f"Ray ({channel} channel): per-run overhead, 1 chip worker and the bare actor on the {where}, "
+                  f"{runs} runs x {reps} reps (medians; ratios per rep, interleaved):")
+            print_table(["path", "us per run", "over Compiled Graph"], rows)
+            print()
         # About the same time per measurement at every size, and enough runs that filling and draining the
         # depth-3 pipeline is a small part of it; at most 5 reps (a large batch's rep takes seconds).
         points = [ray_scaling(b, max(16, (16384 if runs >= 300 else 8192) // b), min(reps, 5), channel)
@@ -389,7 +412,9 @@ def ray_section(runs: int, reps: int, batches: list[int], channel: str) -> dict:
     finally:
         ray.shutdown()
         cluster.shutdown()
-    return {"channel": channel, "overhead": over, "scaling": scaling}
+    # "overhead": on the driver's node, what Ray on one machine is; the other node for a cluster's remote worker
+    return {"channel": channel, "overhead": overheads["driver's node"], "overhead_other_node": overheads["other node"],
+            "scaling": scaling}
 
 
 def main(argv: list[str] | None = None) -> dict:
