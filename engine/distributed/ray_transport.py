@@ -17,7 +17,10 @@ into its region before handing the Done on. Resident tensors stay on their
 worker and never cross; a run whose arguments are all resident moves no
 tensor bytes (transfer_stats() counts what moved). A worker runs a batch of
 messages per call and replies once every Call of it has completed; messages
-queued meanwhile form the next batch; one pump thread serves every worker.
+queued meanwhile form the next batch. One thread at a time drives the
+workers (executes their batches and takes the replies): a sync call
+(`drt(x)`) drives its own run on its thread when no other does, so no
+thread has to wake it; otherwise one pump thread serves every worker.
 
 Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60):
 "actor" (the default) makes each batch a plain actor call: 1.6 ms for a
@@ -49,7 +52,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -57,7 +60,7 @@ from engine.distributed.errors import WorkerDiedError
 from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import READ
 from engine.distributed.protocol import Call, Ready, Setup, SetupFailed
-from engine.distributed.transport import OnExit, OnMessage, Region, Transport
+from engine.distributed.transport import CallerReads, OnExit, OnMessage, Region, Transport
 
 if TYPE_CHECKING:
     from engine.distributed.ray_worker import Batch
@@ -142,7 +145,15 @@ class RayTransport(Transport):
         self._watches: dict[Any, int] = {}  # a watch() ref -> its worker: it resolves when the actor dies
         self._dags: list[Any] = []
         self._outboxes: list[deque[Any]] = []  # per worker, in order; guarded by _wake
-        self._wake = threading.Condition()  # a message was queued, or stop() was called
+        self._wake = threading.Condition()  # a message was queued, the driver role was given back, or stop()
+        # The driver role: the one thread that executes batches and takes their replies (the pump, or a sync
+        # caller inside caller_reads()), by thread id; guarded by _wake. Only the driver touches these two:
+        self._driver: int | None = None
+        self._under_way: deque[_Execution] = deque()  # executions in the order they were started
+        self._busy: list[int] = []  # executions under way per worker
+        self._caller_token = threading.Lock()  # held by the one thread inside caller_reads()
+        self._caller: int | None = None
+        self._on_message: OnMessage | None = None
         self._stop_asked = False
         self._pump: threading.Thread | None = None
         self._watcher: threading.Thread | None = None
@@ -233,8 +244,10 @@ class RayTransport(Transport):
             else:
                 self._dags.append(None)
         self._outboxes = [deque() for _ in range(n)]
+        self._busy = [0] * n
         self._bases = [r.base for r in self._regions]
-        self._pump = threading.Thread(target=self._serve, args=(on_message,), name="tandem-ray-pump", daemon=True)
+        self._on_message = on_message
+        self._pump = threading.Thread(target=self._serve, name="tandem-ray-pump", daemon=True)
         self._pump.start()
         self._watcher = threading.Thread(target=self._watch, name="tandem-ray-watcher", daemon=True)
         self._watcher.start()
@@ -268,55 +281,84 @@ class RayTransport(Transport):
         assert isinstance(msg, Ready)
         return msg
 
-    def _serve(self, on_message: OnMessage) -> None:
-        """The pump: every worker's messages out in batches, one execution per batch, the replies in.
+    def _serve(self) -> None:
+        """The pump: drives every worker's batches whenever no sync caller does (see _drive_once)."""
+        me = threading.get_ident()
+        while True:
+            with self._wake:
+                self._wake.wait_for(self._pump_may_drive)
+                if self._stop_asked and not self._under_way:
+                    return
+                self._driver = me
+            try:
+                self._drive_once()
+            finally:
+                with self._wake:
+                    self._driver = None
 
-        One thread drives every worker's compiled graph: Ray's compiled graphs hang when two threads of
-        one driver execute them concurrently (Ray 2.60), and executions never block, so every worker
-        with messages has its batch under way before the pump waits for the oldest one's replies.
-        A worker has up to two batches under way, so that it starts the next as soon as it has
-        replied to one (a batch's Calls never depend on one under way: on this transport the
-        dispatcher releases a Call only once what it depends on is back); messages queued meanwhile
-        go out together as the batch after.
+    def _pump_may_drive(self) -> bool:  # under _wake
+        return self._driver is None and (self._stop_asked or bool(self._under_way) or self._sendable())
+
+    def _sendable(self) -> bool:  # under _wake
+        busy = self._busy
+        return any(box and busy[w] < _UNDER_WAY for w, box in enumerate(self._outboxes))
+
+    def _drive_once(self) -> None:
+        """One round of the driver: every worker's queued messages out, one execution's replies in.
+
+        Whoever drives is the only thread executing graphs: Ray's compiled graphs hang when two threads of
+        one driver execute them concurrently (Ray 2.60), and executions never block, so every worker with
+        messages has its batch under way before the driver waits for the oldest one's replies. A worker
+        has up to two batches under way, so that it starts the next as soon as it has replied to one (a
+        batch's Calls never depend on one under way: on this transport the dispatcher releases a Call
+        only once what it depends on is back); messages queued meanwhile go out together as the batch after.
         """
         import ray
 
         compiled = self.channel == "compiled"
-        under_way: deque[_Execution] = deque()
-        busy = [0] * self.workers  # executions under way per worker
-        while True:
-            with self._wake:
-                if not under_way:
-                    self._wake.wait_for(lambda: self._stop_asked or any(
-                        box and busy[w] < _UNDER_WAY for w, box in enumerate(self._outboxes)))
-                if self._stop_asked and not under_way:
-                    return
-                taken = []
-                for w, box in enumerate(self._outboxes):
-                    if box and busy[w] < _UNDER_WAY:
-                        taken.append((w, list(box)))
-                        box.clear()
-            for w, msgs in taken:
-                if w in self._gone:
-                    continue
-                batch, calls, sent_bytes, sent_views = self._pack(msgs)
-                try:
-                    ref = self._dags[w].execute(batch) if compiled else self._actors[w].step.remote(batch)
-                except Exception as e:
-                    self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
-                    continue
-                under_way.append(_Execution(w, ref, calls, sent_bytes, sent_views))
-                busy[w] += 1
-            if not under_way:
+        under_way, busy = self._under_way, self._busy
+        with self._wake:
+            taken = []
+            for w, box in enumerate(self._outboxes):
+                if box and busy[w] < _UNDER_WAY:
+                    taken.append((w, list(box)))
+                    box.clear()
+        for w, msgs in taken:
+            if w in self._gone:
                 continue
-            if compiled:  # a compiled graph's results are read in execution order
-                ex = under_way.popleft()
-            else:  # plain actor calls: whichever is back first
-                ready, _ = ray.wait([e.ref for e in under_way], num_returns=1)
-                ex = next(e for e in under_way if e.ref == ready[0])
-                under_way.remove(ex)
-            busy[ex.worker] -= 1
-            self._take_replies(ex, compiled, on_message)
+            batch, calls, sent_bytes, sent_views = self._pack(msgs)
+            try:
+                ref = self._dags[w].execute(batch) if compiled else self._actors[w].step.remote(batch)
+            except Exception as e:
+                self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
+                continue
+            under_way.append(_Execution(w, ref, calls, sent_bytes, sent_views))
+            busy[w] += 1
+        if not under_way:
+            return
+        if compiled:  # a compiled graph's results are read in execution order
+            ex = under_way[0]
+        else:  # plain actor calls: whichever is back first
+            ready, _ = ray.wait([e.ref for e in under_way], num_returns=1)
+            ex = next(e for e in under_way if e.ref == ready[0])
+        w = ex.worker
+        try:
+            replies = ex.ref.get(timeout=-1) if compiled else ray.get(ex.ref)
+        except Exception as e:
+            self._done_with(ex)
+            self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
+            return
+        except BaseException:  # an interrupt of a driving caller
+            if compiled:  # a compiled graph's result is read once: these replies are lost, and it is said
+                self._done_with(ex)
+                self._lost(w, f"chip worker {w}: its replies were lost to an interrupt of the thread reading them")
+            raise  # an actor call's result stays under way for the next driver
+        self._done_with(ex)
+        self._take_replies(ex, replies)
+
+    def _done_with(self, ex: _Execution) -> None:
+        self._under_way.remove(ex)
+        self._busy[ex.worker] -= 1
 
     def _pack(self, msgs: list[Any]) -> tuple["Batch", dict[int, Call], int, int]:
         """A batch of messages, each Call with the compact bytes of the region views it reads."""
@@ -335,17 +377,11 @@ class RayTransport(Transport):
             batch.append((m, reads))
         return batch, calls, sent_bytes, sent_views
 
-    def _take_replies(self, ex: _Execution, compiled: bool, on_message: OnMessage) -> None:
-        """Waits for one execution's replies; writes what its Calls wrote into the host's regions, then
-        hands every reply on."""
-        import ray
-
+    def _take_replies(self, ex: _Execution, replies: Any) -> None:
+        """Writes what an execution's Calls wrote into the host's regions, then hands every reply on."""
         w = ex.worker
-        try:
-            replies = ex.ref.get(timeout=-1) if compiled else ray.get(ex.ref)
-        except Exception as e:
-            self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
-            return
+        on_message = self._on_message
+        assert on_message is not None
         bases = self._bases
         got_bytes = got_views = 0
         try:
@@ -359,6 +395,8 @@ class RayTransport(Transport):
                 on_message(w, reply)
         except BaseException as e:  # a reply the host cannot take: never leave runs hanging
             self._lost(w, f"chip worker {w}: its reply could not be handled ({type(e).__name__}: {e})")
+            if not isinstance(e, Exception):
+                raise  # an interrupt of a driving caller: the runtime is broken, and it is said
             return
         finally:
             del replies  # a compiled graph's arrays are views of its channel buffer: let go before the next
@@ -403,8 +441,56 @@ class RayTransport(Transport):
             raise OSError(f"chip worker {worker} is gone")
         with self._wake:
             self._outboxes[worker].append(message)
-            self._wake.notify()
+            if self._caller != threading.get_ident():  # a caller inside caller_reads() drives its own
+                self._wake.notify()
         return True
+
+    # -- a sync caller driving its own run -------------------------------------------------------------
+    def caller_reads(self) -> ContextManager[bool]:
+        """While in it, this thread's sends do not wake the pump: the thread executes its batches and takes
+        their replies itself when it waits (read_until), so no thread has to wake another on the way."""
+        return CallerReads(self._begin_caller, self._end_caller)
+
+    def _begin_caller(self) -> bool:
+        if not self._caller_token.acquire(blocking=False):
+            return False  # another thread has the role: this one waits as usual
+        self._caller = threading.get_ident()
+        return True
+
+    def _end_caller(self) -> None:
+        with self._wake:
+            self._caller = None
+            self._hand_to_pump()  # whatever this thread queued and did not drive
+        self._caller_token.release()
+
+    def _hand_to_pump(self) -> None:  # under _wake: wakes the pump only when there is work for it
+        if self._pump_may_drive():
+            self._wake.notify()
+
+    def read_until(self, done: Callable[[], bool], timeout: float | None) -> bool | None:
+        """Drives batches on this thread until done(), when this thread is inside caller_reads(), waits
+        without a timeout, and no other thread drives; else None (wait as usual: the pump drives)."""
+        me = threading.get_ident()
+        if self._caller != me:
+            return None
+        with self._wake:
+            # A timed wait leaves driving to the pump, as a driver's read cannot be cut short; so does a
+            # caller when the pump drives already or the transport stops.
+            if timeout is not None or self._driver is not None or self._stop_asked:
+                self._hand_to_pump()  # this thread's sends did not wake it
+                return None
+            self._driver = me
+        try:
+            while not done():
+                with self._wake:
+                    if self._stop_asked or (not self._under_way and not self._sendable()):
+                        break  # what the run waits for is not this thread's to drive (or the pump finishes)
+                self._drive_once()
+        finally:
+            with self._wake:
+                self._driver = None
+                self._hand_to_pump()  # what is left
+        return True if done() else None
 
     def alive(self, worker: int) -> bool:
         return self._started and not self._stopped and worker not in self._gone

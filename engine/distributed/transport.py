@@ -373,7 +373,7 @@ class ProcessTransport(Transport):
 
     # -- a caller reading its own replies ------------------------------------------------------------
     def caller_reads(self) -> ContextManager[bool]:
-        return _CallerReads(self)
+        return CallerReads(self._begin_caller, self._end_caller)
 
     def _begin_caller(self) -> bool:
         if not self._caller_token.acquire(blocking=False):
@@ -509,24 +509,26 @@ _QUIET_LOOK_MS = 50  # while a caller reads the replies, the receiving thread st
 _CALLER_LOOK_MS = 2  # a reading caller's longest sleep between looks at its run
 
 
-class _CallerReads:
-    """ProcessTransport.caller_reads(): a plain class, as a sync call enters it every time (a generator-based
-    context manager costs microseconds a call)."""
+class CallerReads:
+    """A transport's caller_reads(): begin() says whether this thread got the reading role, end() gives it
+    back. A plain class, as a sync call enters it every time (a generator-based context manager costs
+    microseconds a call)."""
 
-    __slots__ = ("_transport", "_got")
+    __slots__ = ("_begin", "_end", "_got")
 
-    def __init__(self, transport: ProcessTransport) -> None:
-        self._transport = transport
+    def __init__(self, begin: Callable[[], bool], end: Callable[[], None]) -> None:
+        self._begin = begin
+        self._end = end
         self._got = False
 
     def __enter__(self) -> bool:
-        self._got = self._transport._begin_caller()
+        self._got = self._begin()
         return self._got
 
     def __exit__(self, *exc: Any) -> None:
         if self._got:
             self._got = False
-            self._transport._end_caller()
+            self._end()
 
 
 def _writable(conn: connection.Connection) -> bool:

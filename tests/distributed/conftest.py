@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import math
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -75,3 +77,57 @@ def mlp_reference(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
 
 def randn(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
     return (rng.standard_normal(shape) * scale).astype(np.float32)
+
+
+def reply_threads(drt: dist.DistributedRuntime) -> list[int]:
+    """Wraps the transport's reply handler so that each reply records the thread that took it."""
+    transport = drt._transport
+    handle = transport._on_message
+    seen: list[int] = []
+
+    def recording(worker, msg):
+        seen.append(threading.get_ident())
+        handle(worker, msg)
+
+    transport._on_message = recording
+    return seen
+
+
+def callers_and_submitters(drt: dist.DistributedRuntime, seconds: float, timeout: float) -> list[int]:
+    """Two threads calling drt(zeros, 1) and one submitting pairs of runs of the `slow` program, for a few
+    seconds: the runs each completed (every thread's count); fails on a wrong result, an error or a thread
+    that never returned (a reader blocked on a message another took)."""
+    zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
+    stop = time.monotonic() + seconds
+    done: list[int] = []
+    errors: list[BaseException] = []
+
+    def calls() -> None:
+        try:
+            n = 0
+            while time.monotonic() < stop:
+                np.testing.assert_array_equal(drt(zeros, 1), ones)
+                n += 1
+            done.append(n)
+        except BaseException as e:  # reported below, on the test's thread
+            errors.append(e)
+
+    def submits() -> None:
+        try:
+            n = 0
+            while time.monotonic() < stop:
+                for h in [drt.submit(zeros, 1) for _ in range(2)]:
+                    np.testing.assert_array_equal(h.result(timeout=timeout), ones)
+                    n += 1
+            done.append(n)
+        except BaseException as e:
+            errors.append(e)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (calls, calls, submits)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not any(t.is_alive() for t in threads), "a reader blocked: a thread never returned"
+    assert errors == [] and len(done) == 3
+    return done

@@ -15,6 +15,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 
 import anyio
@@ -25,7 +26,7 @@ import engine
 import engine.distributed as dist
 from scheduler import AsyncRuntime
 from tests.distributed import programs as P
-from tests.distributed.conftest import mlp_reference, randn
+from tests.distributed.conftest import callers_and_submitters, mlp_reference, randn, reply_threads
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -352,3 +353,47 @@ def test_a_removed_node_fails_the_runs_that_need_it(cluster):
         assert drt.broken
     finally:
         drt.close()
+
+
+# -- a sync call driving its own run -----------------------------------------------------------------------
+@pytest.mark.parametrize("channel", ["actor", "compiled"])
+def test_a_sync_call_drives_its_run_on_its_own_thread(cluster, channel):
+    """drt(x) executes its batches and takes their replies on the calling thread (no hand-off to the pump and
+    back); a submitted run's are taken by the pump, and the two alternate freely, on either channel."""
+    drt = _ray(P.slow, depth=2, transport=dist.RayTransport(channel=channel))
+    try:
+        seen = reply_threads(drt)
+        zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
+        for _ in range(3):
+            np.testing.assert_array_equal(drt(zeros, 1), ones)
+        assert len(seen) == 6 and set(seen) == {threading.get_ident()}  # each call: both workers' replies
+        seen.clear()
+        handles = [drt.submit(zeros, 1) for _ in range(4)]
+        for h in handles:
+            np.testing.assert_array_equal(h.result(timeout=DETECT), ones)
+        assert len(seen) == 8 and threading.get_ident() not in seen
+        seen.clear()
+        with drt._transport.caller_reads() as reads:  # a timed wait leaves the run to the pump
+            assert reads is True
+            h = drt.submit(zeros, 100_000_000)
+            assert h.wait(0.01) is False
+            np.testing.assert_array_equal(h.result(timeout=DETECT), ones)
+        assert len(seen) == 2 and threading.get_ident() not in seen
+        np.testing.assert_array_equal(drt(zeros, 1), ones)  # the pump may still be finishing its round: it drives
+        seen.clear()
+        np.testing.assert_array_equal(drt(zeros, 1), ones)  # back to the caller
+        assert set(seen) == {threading.get_ident()}
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
+def test_sync_callers_and_submitters_on_the_compiled_channel_lose_no_reply(cluster):
+    """Two callers driving their runs and a submitter served by the pump, for a few seconds on the compiled
+    channel (where two threads executing graphs at once would hang Ray): every run gets its result."""
+    drt = _ray(P.slow, depth=4, transport=dist.RayTransport(channel="compiled"))
+    try:
+        assert min(callers_and_submitters(drt, 3.0, DETECT)) > 0
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
 
 import anyio
 import numpy as np
@@ -14,7 +13,7 @@ import engine
 import engine.distributed as dist
 from scheduler import AsyncRuntime
 from tests.distributed import programs as P
-from tests.distributed.conftest import randn
+from tests.distributed.conftest import callers_and_submitters, randn, reply_threads
 
 B = 8
 
@@ -309,24 +308,10 @@ def test_a_bad_spin_is_refused_before_any_process_starts(spin_us):
 
 
 # -- the caller reading its own replies --------------------------------------------------------------------
-def _reply_threads(drt: dist.DistributedRuntime) -> list[int]:
-    """Wraps the transport's reply handler so that each reply records the thread that handled it."""
-    transport = drt._transport
-    handle = transport._on_message
-    seen: list[int] = []
-
-    def recording(worker, msg):
-        seen.append(threading.get_ident())
-        handle(worker, msg)
-
-    transport._on_message = recording
-    return seen
-
-
 def test_a_sync_call_reads_its_replies_on_its_own_thread(slow, chain):
     """drt(x) hands its replies to the dispatcher on the calling thread (no hand-off from the receiving thread
     to the caller); a submitted run's replies are read by the receiving thread, and the two alternate freely."""
-    seen = _reply_threads(slow)
+    seen = reply_threads(slow)
     zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
     for _ in range(3):
         np.testing.assert_array_equal(slow(zeros, 1), ones)
@@ -341,7 +326,7 @@ def test_a_sync_call_reads_its_replies_on_its_own_thread(slow, chain):
     assert set(seen) == {threading.get_ident()}
 
     # A host callback's thread sends the step after it: the receiving thread reads that reply, the caller the first.
-    seen = _reply_threads(chain)
+    seen = reply_threads(chain)
     x = randn(np.random.default_rng(7), B, P.D)
     np.testing.assert_allclose(chain(x), x * 3.0, rtol=1e-6)
     assert len(seen) == 2 and seen[0] == threading.get_ident()
@@ -365,37 +350,5 @@ def test_sync_callers_and_submitters_together_lose_no_reply(prepare):
     (a wait may report both ready, and the other reader take one meanwhile): for a few seconds every call and
     every submitted run gets its result, and no reader blocks on a message another took."""
     drt = prepare(P.slow, depth=4)
-    zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
-    stop = time.monotonic() + 3.0
-    done: list[int] = []
-    errors: list[BaseException] = []
-
-    def calls() -> None:
-        try:
-            n = 0
-            while time.monotonic() < stop:
-                np.testing.assert_array_equal(drt(zeros, 1), ones)
-                n += 1
-            done.append(n)
-        except BaseException as e:  # reported below, on the test's thread
-            errors.append(e)
-
-    def submits() -> None:
-        try:
-            n = 0
-            while time.monotonic() < stop:
-                for h in [drt.submit(zeros, 1) for _ in range(2)]:
-                    np.testing.assert_array_equal(h.result(timeout=30), ones)
-                    n += 1
-            done.append(n)
-        except BaseException as e:
-            errors.append(e)
-
-    threads = [threading.Thread(target=f, daemon=True) for f in (calls, calls, submits)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    assert not any(t.is_alive() for t in threads), "a reader blocked: a thread never returned"
-    assert errors == [] and len(done) == 3 and min(done) > 0
+    assert min(callers_and_submitters(drt, 3.0, 30)) > 0
     assert drt.memory_stats()["free_slots"] == 4
