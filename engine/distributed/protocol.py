@@ -19,7 +19,7 @@ import traceback
 from typing import Any, NamedTuple
 
 __all__ = ["ProgramSpec", "RegionSpec", "Setup", "Ready", "SetupFailed", "Call", "Done", "MemoryOp", "Result",
-           "Stop", "portable_error", "encode", "decode"]
+           "Stop", "portable_error", "plain", "from_plain", "encode", "decode"]
 
 
 class ProgramSpec(NamedTuple):
@@ -118,13 +118,22 @@ _KINDS: tuple[type, ...] = (Setup, Ready, SetupFailed, Call, Done, MemoryOp, Res
 _KIND_OF = {kind: i for i, kind in enumerate(_KINDS)}
 
 
+def plain(msg: Any) -> tuple[int, tuple[Any, ...]]:
+    """A message as (kind, fields), which pickles without a class lookup."""
+    return _KIND_OF[type(msg)], tuple(msg)
+
+
+def from_plain(kind: int, fields: tuple[Any, ...]) -> Any:
+    """The message plain() took apart."""
+    return tuple.__new__(_KINDS[kind], fields)
+
+
 def encode(msg: Any) -> bytes:
     """One message as bytes. Plain pickle: multiprocessing's Connection.send uses ForkingPickler,
     which copies its reducer table for every message (a measurable share of a small run)."""
-    return pickle.dumps((_KIND_OF[type(msg)], tuple(msg)), protocol=pickle.HIGHEST_PROTOCOL)
+    return pickle.dumps(plain(msg), protocol=pickle.HIGHEST_PROTOCOL)
 
 
 def decode(data: bytes) -> Any:
     """The message encode() made."""
-    kind, fields = pickle.loads(data)
-    return tuple.__new__(_KINDS[kind], fields)
+    return from_plain(*pickle.loads(data))

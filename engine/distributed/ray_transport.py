@@ -52,7 +52,7 @@ import sys
 import threading
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Callable, ContextManager, Mapping, Sequence
+from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
@@ -60,10 +60,9 @@ from engine.distributed.errors import WorkerDiedError
 from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import READ
 from engine.distributed.protocol import Call, Ready, Setup, SetupFailed
+from engine.distributed.ray_wire import Entry, Wire, pack, unpack
 from engine.distributed.transport import CallerReads, OnExit, OnMessage, Region, Transport
 
-if TYPE_CHECKING:
-    from engine.distributed.ray_worker import Batch
 
 __all__ = ["RayTransport"]
 
@@ -360,10 +359,10 @@ class RayTransport(Transport):
         self._under_way.remove(ex)
         self._busy[ex.worker] -= 1
 
-    def _pack(self, msgs: list[Any]) -> tuple["Batch", dict[int, Call], int, int]:
+    def _pack(self, msgs: list[Any]) -> tuple[Wire, dict[int, Call], int, int]:
         """A batch of messages, each Call with the compact bytes of the region views it reads."""
         bases = self._bases
-        batch: Batch = []
+        batch: list[Entry] = []
         calls: dict[int, Call] = {}
         sent_bytes = sent_views = 0
         for m in msgs:
@@ -375,7 +374,7 @@ class RayTransport(Transport):
                 sent_views += len(reads)
                 sent_bytes += sum(r.nbytes for _, r in reads)
             batch.append((m, reads))
-        return batch, calls, sent_bytes, sent_views
+        return pack(batch), calls, sent_bytes, sent_views
 
     def _take_replies(self, ex: _Execution, replies: Any) -> None:
         """Writes what an execution's Calls wrote into the host's regions, then hands every reply on."""
@@ -385,7 +384,7 @@ class RayTransport(Transport):
         bases = self._bases
         got_bytes = got_views = 0
         try:
-            for reply, writes in replies:
+            for reply, writes in unpack(replies):
                 if writes:
                     call = ex.calls[reply.seq]
                     for k, data in writes:

@@ -29,13 +29,10 @@ import ray
 from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import WRITE
 from engine.distributed.protocol import Call, Done, Ready, Setup, SetupFailed, portable_error
+from engine.distributed.ray_wire import Entry, Wire, pack, unpack
 from engine.distributed.worker import ChipHost
 
-__all__ = ["ChipActor", "Batch", "Replies"]
-
-# One message and the (argument index, bytes) it carries to the worker; replies with what they carry back.
-Batch = list[tuple[Any, tuple[tuple[int, np.ndarray], ...]]]
-Replies = list[tuple[Any, tuple[tuple[int, np.ndarray], ...]]]
+__all__ = ["ChipActor"]
 
 
 @ray.remote(concurrency_groups={"watch": 1})  # type: ignore[call-overload]  # Ray's stubs lack the option
@@ -76,12 +73,13 @@ class ChipActor:
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def step(self, batch: Batch) -> Replies:
+    def step(self, batch: Wire) -> Wire:
+        """A batch's replies, once every Call of it has completed (both as ray_wire packs them)."""
         host = self._host
         assert host is not None
-        replies: Replies = []
+        replies: list[Entry] = []
         waiting: dict[int, Call] = {}
-        for msg, reads in batch:
+        for msg, reads in unpack(batch):
             if not isinstance(msg, Call):
                 replies.append((host.handle(msg), ()))
                 continue
@@ -110,7 +108,7 @@ class ChipActor:
                     writes = tuple((i, np.array(self._view(msg.args[i], False)))
                                    for i in region_arguments(msg.args, msg.access, WRITE))
                 replies.append((done, writes))
-        return replies
+        return pack(replies)
 
     def _view(self, desc: tuple[Any, ...], writable: bool) -> np.ndarray:
         """This worker's view of a region argument of a Call."""
