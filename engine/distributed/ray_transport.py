@@ -23,10 +23,13 @@ workers (executes their batches and takes the replies): a sync call
 thread has to wake it; otherwise one pump thread serves every worker.
 
 Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60):
-"actor" (the default) makes each batch a plain actor call: 1.6 ms for a
-small round trip, 5.2 ms with 256 KB each way. "compiled" sends batches
-through one Ray Compiled Graph per worker: 0.3-0.9 ms per round trip and
-1.7-2.6x the streaming throughput of "actor" at 256 KB per run, but its channels
+"actor" (the default) makes each batch a plain actor call: a small sync
+run 0.94 ms (3.2x a bare Compiled Graph step on the driver's node, 0.72x on
+another node). "compiled" sends batches through one Ray Compiled Graph per
+worker: a small sync run 0.24 ms on the driver's node, 1.05 ms on another
+(0.79x / 0.87x the bare step: a small batch crosses as one bytes object,
+see ray_wire), and 1.7-2.6x the streaming throughput of "actor" at 256 KB
+per run, but its channels
 busy-poll (an idle worker actor and a waiting driver each burn a core), Ray
 keeps their buffers in the object store after teardown, and when a worker
 died, Ray 2.60 once aborted the driver process (a failed check in its
