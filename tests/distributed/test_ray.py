@@ -397,3 +397,42 @@ def test_sync_callers_and_submitters_on_the_compiled_channel_lose_no_reply(clust
     finally:
         drt.close()
     _assert_nothing_left(drt)
+
+
+def test_a_worker_killed_while_a_sync_call_drives_fails_it(cluster):
+    """The caller is in Ray's wait for its batch when the actor dies: the call fails with WorkerDiedError (from the
+    execution it drives, or the watcher), and close() leaves nothing."""
+    drt = _ray(P.slow, depth=2)
+    try:
+        drt(np.zeros(2, np.float32), 1)
+        killer = threading.Timer(0.3, os.kill, (drt.pids[0], signal.SIGKILL))
+        killer.start()
+        t0 = time.monotonic()
+        with pytest.raises(dist.WorkerDiedError, match="chip worker 0"):
+            drt(np.zeros(2, np.float32), 5_000_000_000)  # 5 s: killed long before
+        assert time.monotonic() - t0 < DETECT
+        killer.join()
+        assert drt.broken
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
+def test_close_from_another_thread_drains_a_sync_call_it_drives(cluster):
+    """close() while another thread drives its own run: the run completes with its result, then close() stops the
+    workers; the caller's thread and close() both return."""
+    drt = _ray(P.slow, depth=2)
+    got: list[object] = []
+    caller = threading.Thread(target=lambda: got.append(drt(np.zeros(2, np.float32), 300_000_000)), daemon=True)
+    try:
+        drt(np.zeros(2, np.float32), 1)
+        caller.start()
+        time.sleep(0.1)  # the call is under way, driven by its thread
+        drt.close()
+        caller.join(DETECT)
+        assert not caller.is_alive()
+        assert len(got) == 1
+        np.testing.assert_array_equal(got[0], np.ones(2, np.float32))
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
