@@ -149,6 +149,24 @@ TD_INLINE void query_block(const AttentionOperands& a, int64_t i0, const float* 
   output_rows<R>(a, tile, lp, visible, inv, a.out + i0 * a.out_rs);
 }
 
+// One cloned function per block height, each a call from attend(): inlined into it, the eight made one
+// function so large that GCC spent minutes compiling each of its clones. A call per block of query rows
+// costs nothing beside the block's work (each block reads every visible key).
+#define TD_QUERY_BLOCK(R)                                                                                   \
+  TD_CLONES void query_block_##R(const AttentionOperands& a, int64_t i0, const float* kt, int64_t lp,        \
+                                 int64_t causal_offset, float* tile) {                                       \
+    query_block<R>(a, i0, kt, lp, causal_offset, tile);                                                      \
+  }
+TD_QUERY_BLOCK(8)
+TD_QUERY_BLOCK(7)
+TD_QUERY_BLOCK(6)
+TD_QUERY_BLOCK(5)
+TD_QUERY_BLOCK(4)
+TD_QUERY_BLOCK(3)
+TD_QUERY_BLOCK(2)
+TD_QUERY_BLOCK(1)
+#undef TD_QUERY_BLOCK
+
 TD_CLONES void attend(const AttentionOperands& a, int64_t causal_offset, float* workspace) {
   const int64_t lp = round_up(a.len);
   float* kt = workspace;  // k^T [dk, lp], zero past len
@@ -159,16 +177,17 @@ TD_CLONES void attend(const AttentionOperands& a, int64_t causal_offset, float* 
     const float* col = a.k + d;
     for (int64_t j = 0; j < a.len; ++j) row[j] = col[j * a.k_rs];
   }
+  static_assert(kRows == 8, "one query_block_R per block height below kRows");
   int64_t i = 0;
-  for (; i + kRows <= a.sq; i += kRows) query_block<kRows>(a, i, kt, lp, causal_offset, tile);
+  for (; i + kRows <= a.sq; i += kRows) query_block_8(a, i, kt, lp, causal_offset, tile);
   switch (a.sq - i) {
-    case 7: query_block<7>(a, i, kt, lp, causal_offset, tile); break;
-    case 6: query_block<6>(a, i, kt, lp, causal_offset, tile); break;
-    case 5: query_block<5>(a, i, kt, lp, causal_offset, tile); break;
-    case 4: query_block<4>(a, i, kt, lp, causal_offset, tile); break;
-    case 3: query_block<3>(a, i, kt, lp, causal_offset, tile); break;
-    case 2: query_block<2>(a, i, kt, lp, causal_offset, tile); break;
-    case 1: query_block<1>(a, i, kt, lp, causal_offset, tile); break;
+    case 7: query_block_7(a, i, kt, lp, causal_offset, tile); break;
+    case 6: query_block_6(a, i, kt, lp, causal_offset, tile); break;
+    case 5: query_block_5(a, i, kt, lp, causal_offset, tile); break;
+    case 4: query_block_4(a, i, kt, lp, causal_offset, tile); break;
+    case 3: query_block_3(a, i, kt, lp, causal_offset, tile); break;
+    case 2: query_block_2(a, i, kt, lp, causal_offset, tile); break;
+    case 1: query_block_1(a, i, kt, lp, causal_offset, tile); break;
     default: break;
   }
 }

@@ -124,6 +124,35 @@ TD_INLINE void panels_whole(const float* a, int64_t lda, const float* panels, in
   }
 }
 
+// One cloned function per panel-group width, and one for a panel of the narrow path, each a call from
+// packed_gemm(): inlined into it, their blocks made one function so large that GCC spent minutes compiling
+// each of its clones. A call per group of panels costs nothing beside the group's work (every row of a).
+#define TD_PANELS_WHOLE(NP)                                                                                    \
+  TD_CLONES void panels_whole_##NP(const float* a, int64_t lda, const float* panels, int64_t k, float* c,      \
+                                   int64_t ldc, int64_t m, int cols, float alpha, float beta) {                \
+    panels_whole<NP>(a, lda, panels, k, c, ldc, m, cols, alpha, beta);                                         \
+  }
+TD_PANELS_WHOLE(3)
+TD_PANELS_WHOLE(2)
+TD_PANELS_WHOLE(1)
+#undef TD_PANELS_WHOLE
+static_assert(kNPWhole == 3, "one panels_whole_NP per group width up to kNPWhole");
+
+// Every row of out against one panel, in blocks of kMR rows (the narrow path).
+TD_CLONES void panel_rows(const float* a, int64_t lda, const float* panel, int64_t k, float* cp, int64_t ldc,
+                          int64_t m, int cols, float alpha, float beta) {
+  int64_t i = 0;
+  for (; i + kMR <= m; i += kMR) block<kMR>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta);
+  switch (m - i) {
+    case 5: block<5>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+    case 4: block<4>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+    case 3: block<3>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+    case 2: block<2>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+    case 1: block<1>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
+    default: break;
+  }
+}
+
 TD_CLONES void packed_gemm(const float* a, int64_t lda, const float* bp, int64_t k, float* c, int64_t ldc, int64_t m,
                            int64_t n, float alpha, float beta) {
   const int64_t panels = (n + kNR - 1) / kNR;
@@ -133,26 +162,15 @@ TD_CLONES void packed_gemm(const float* a, int64_t lda, const float* bp, int64_t
       const int cols = static_cast<int>(std::min<int64_t>(kNR, n - (p + np - 1) * kNR));  // of the group's last
       const float* group = bp + p * k * kNR;
       float* cp = c + p * kNR;
-      if (np == 3) panels_whole<3>(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
-      else if (np == 2) panels_whole<2>(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
-      else panels_whole<1>(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
+      if (np == 3) panels_whole_3(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
+      else if (np == 2) panels_whole_2(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
+      else panels_whole_1(a, lda, group, k, cp, ldc, m, cols, alpha, beta);
     }
     return;
   }
   for (int64_t p = 0; p < panels; ++p) {
-    const float* panel = bp + p * k * kNR;
     const int cols = static_cast<int>(std::min<int64_t>(kNR, n - p * kNR));
-    float* cp = c + p * kNR;
-    int64_t i = 0;
-    for (; i + kMR <= m; i += kMR) block<kMR>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta);
-    switch (m - i) {
-      case 5: block<5>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
-      case 4: block<4>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
-      case 3: block<3>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
-      case 2: block<2>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
-      case 1: block<1>(a + i * lda, lda, panel, k, cp + i * ldc, ldc, cols, alpha, beta); break;
-      default: break;
-    }
+    panel_rows(a, lda, bp + p * k * kNR, k, c + p * kNR, ldc, m, cols, alpha, beta);
   }
 }
 
