@@ -436,3 +436,34 @@ def test_close_from_another_thread_drains_a_sync_call_it_drives(cluster):
     finally:
         drt.close()
     _assert_nothing_left(drt)
+
+
+def test_an_interrupt_of_a_driving_caller_leaves_its_run_to_the_pump(cluster, monkeypatch):
+    """Ctrl-C while a sync call waits in Ray for its batch (actor channel): the call raises KeyboardInterrupt, the
+    execution stays under way and the pump takes its replies, so the runtime stays usable and loses nothing."""
+    drt = _ray(P.slow, depth=2)
+    try:
+        zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
+        np.testing.assert_array_equal(drt(zeros, 1), ones)
+        real_get, interrupted = ray.get, []
+
+        def get_once_interrupted(*args, **kwargs):
+            if not interrupted and threading.current_thread() is threading.main_thread():
+                interrupted.append(True)
+                raise KeyboardInterrupt
+            return real_get(*args, **kwargs)
+
+        monkeypatch.setattr(ray, "get", get_once_interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            drt(zeros, 1)
+        assert interrupted and not drt.broken
+        for _ in range(3):
+            np.testing.assert_array_equal(drt(zeros, 1), ones)
+        idle = threading.Thread(target=drt._dispatcher.wait_idle, daemon=True)  # the interrupted run completes too
+        idle.start()
+        idle.join(DETECT)
+        assert not idle.is_alive()
+    finally:
+        monkeypatch.undo()
+        drt.close()
+    _assert_nothing_left(drt)
