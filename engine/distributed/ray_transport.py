@@ -64,7 +64,7 @@ from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import READ
 from engine.distributed.protocol import Call, Ready, Setup, SetupFailed
 from engine.distributed.ray_wire import Entry, Wire, pack, unpack
-from engine.distributed.transport import CallerReads, OnExit, OnMessage, Region, Transport
+from engine.distributed.transport import CallerReads, CallerRole, OnExit, OnMessage, Region, Transport
 
 
 __all__ = ["RayTransport"]
@@ -153,8 +153,7 @@ class RayTransport(Transport):
         self._driver: int | None = None
         self._under_way: deque[_Execution] = deque()  # executions in the order they were started
         self._busy: list[int] = []  # executions under way per worker
-        self._caller_token = threading.Lock()  # held by the one thread inside caller_reads()
-        self._caller: int | None = None
+        self._role = CallerRole()  # the one thread inside caller_reads()
         self._on_message: OnMessage | None = None
         self._stop_asked = False
         self._pump: threading.Thread | None = None
@@ -443,7 +442,7 @@ class RayTransport(Transport):
             raise OSError(f"chip worker {worker} is gone")
         with self._wake:
             self._outboxes[worker].append(message)
-            if self._caller != threading.get_ident():  # a caller inside caller_reads() drives its own
+            if self._role.holder != threading.get_ident():  # a caller inside caller_reads() drives its own
                 self._wake.notify()
         return True
 
@@ -451,19 +450,12 @@ class RayTransport(Transport):
     def caller_reads(self) -> ContextManager[bool]:
         """While in it, this thread's sends do not wake the pump: the thread executes its batches and takes
         their replies itself when it waits (read_until), so no thread has to wake another on the way."""
-        return CallerReads(self._begin_caller, self._end_caller)
-
-    def _begin_caller(self) -> bool:
-        if not self._caller_token.acquire(blocking=False):
-            return False  # another thread has the role: this one waits as usual
-        self._caller = threading.get_ident()
-        return True
+        return CallerReads(self._role.take, self._end_caller)  # a thread that cannot take it waits as usual
 
     def _end_caller(self) -> None:
+        self._role.give_back()
         with self._wake:
-            self._caller = None
             self._hand_to_pump()  # whatever this thread queued and did not drive
-        self._caller_token.release()
 
     def _hand_to_pump(self) -> None:  # under _wake: wakes the pump only when there is work for it
         if self._pump_may_drive():
@@ -473,7 +465,7 @@ class RayTransport(Transport):
         """Drives batches on this thread until done(), when this thread is inside caller_reads(), waits
         without a timeout, and no other thread drives; else None (wait as usual: the pump drives)."""
         me = threading.get_ident()
-        if self._caller != me:
+        if self._role.holder != me:
             return None
         with self._wake:
             # A timed wait leaves driving to the pump, as a driver's read cannot be cut short; so does a

@@ -44,7 +44,7 @@ def pack(entries: list[Entry]) -> Wire:
 
 
 def unpack(wire: Wire) -> list[Entry]:
-    """The entries pack() sent; arrays read-only (views of what Ray received)."""
+    """The entries pack() sent (arrays may be read-only views of what Ray received)."""
     if isinstance(wire, bytes):
         heads, arrays = pickle.loads(wire)
     else:

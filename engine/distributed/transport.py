@@ -216,8 +216,7 @@ class ProcessTransport(Transport):
         self._reads = 0
         self._open: list[bool] = []  # per worker: its reply connection is open (not hung up, not stopped)
         self._reply_fds: list[tuple[int, int]] = []  # (fd, worker) of each open reply connection
-        self._caller_token = threading.Lock()  # held by the one thread inside caller_reads()
-        self._caller: int | None = None  # that thread's ident
+        self._role = CallerRole()  # the one thread inside caller_reads()
         # False while the caller reads the replies: the receiving thread watches only exits and its wake pipe
         self._receiver_reads = True
         self._receiver_quiet = False  # the receiving thread is (about to be) in such a wait
@@ -296,12 +295,12 @@ class ProcessTransport(Transport):
                 self._receiver_quiet = self._receiver_asleep = True
                 # While a caller reads, a look now and then as well; an idle runtime's thread sleeps.
                 replies, fds, spin = [], tail, 0
-                timeout_ms = _QUIET_LOOK_MS if self._caller is not None or self._reply_due() else -1
+                timeout_ms = _QUIET_LOOK_MS if self._role.holder is not None or self._reply_due() else -1
             seen = self._reads
             # One reply per readiness: the next is reported at once by the next wait.
             ready = _native.wait_readable(fds, spin, timeout_ms)
             self._receiver_asleep = False
-            if not ready and not self._receiver_reads and self._caller is None and self._reply_due():
+            if not ready and not self._receiver_reads and self._role.holder is None and self._reply_due():
                 self._receiver_reads = True  # replies nobody is reading (not expected: every path hands back)
             exits = []
             for k in ready:
@@ -376,9 +375,8 @@ class ProcessTransport(Transport):
         return CallerReads(self._begin_caller, self._end_caller)
 
     def _begin_caller(self) -> bool:
-        if not self._caller_token.acquire(blocking=False):
+        if not self._role.take():
             return False  # another thread reads: this one waits as usual
-        self._caller = threading.get_ident()
         if not self._reply_due():  # nothing else is due: leave the connections to this thread
             self._receiver_reads = False
             if not self._receiver_quiet:  # it may be asleep on the connections: our reply would wake it
@@ -386,12 +384,11 @@ class ProcessTransport(Transport):
         return True
 
     def _end_caller(self) -> None:
-        self._caller = None
-        self._caller_token.release()
+        self._role.give_back()
         self._hand_back()
 
     def read_until(self, done: Callable[[], bool], timeout: float | None) -> bool | None:
-        if self._caller != threading.get_ident():
+        if self._role.holder != threading.get_ident():
             return None
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         spin = self.spin_us  # polls while replies come, sleeps between looks once none came (a reply wakes it)
@@ -416,7 +413,7 @@ class ProcessTransport(Transport):
 
     def _hand_back(self) -> None:
         """The connections go back to the receiving thread if a reply is due that no caller reads."""
-        if not self._receiver_reads and self._caller is None and self._reply_due():
+        if not self._receiver_reads and self._role.holder is None and self._reply_due():
             self._receiver_reads = True
             self._wake_receiver()
 
@@ -445,7 +442,7 @@ class ProcessTransport(Transport):
                     return False
             send_message(conn.fileno(), data)
             self._requests[worker] += 1  # every message sent here (a Call, a MemoryOp) has one reply
-        if self._caller == threading.get_ident():
+        if self._role.holder == threading.get_ident():
             pass  # the reply's reader is this thread
         elif not self._receiver_reads:  # another thread's reply: the receiving thread reads again
             self._receiver_reads = True
@@ -507,6 +504,26 @@ class ProcessTransport(Transport):
 _NONBLOCKING_MAX = 16 << 10
 _QUIET_LOOK_MS = 50  # while a caller reads the replies, the receiving thread still looks this often
 _CALLER_LOOK_MS = 2  # a reading caller's longest sleep between looks at its run
+
+
+class CallerRole:
+    """Who is inside a transport's caller_reads(): one thread at a time, taken without waiting."""
+
+    __slots__ = ("_token", "holder")
+
+    def __init__(self) -> None:
+        self._token = threading.Lock()
+        self.holder: int | None = None  # the thread's ident
+
+    def take(self) -> bool:
+        if not self._token.acquire(blocking=False):
+            return False
+        self.holder = threading.get_ident()
+        return True
+
+    def give_back(self) -> None:
+        self.holder = None
+        self._token.release()
 
 
 class CallerReads:

@@ -93,6 +93,23 @@ def reply_threads(drt: dist.DistributedRuntime) -> list[int]:
     return seen
 
 
+def sync_calls_then_submits(drt: dist.DistributedRuntime, timeout: float) -> list[int]:
+    """Three drt(x) calls of the `slow` program have both workers' replies taken on this thread, then four
+    submitted runs have theirs taken by another: the reply recorder (reply_threads), emptied, for what follows."""
+    seen = reply_threads(drt)
+    zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
+    for _ in range(3):
+        np.testing.assert_array_equal(drt(zeros, 1), ones)
+    assert len(seen) == 6 and set(seen) == {threading.get_ident()}  # each call: both workers' replies
+    seen.clear()
+    handles = [drt.submit(zeros, 1) for _ in range(4)]
+    for h in handles:
+        np.testing.assert_array_equal(h.result(timeout=timeout), ones)
+    assert len(seen) == 8 and threading.get_ident() not in seen
+    seen.clear()
+    return seen
+
+
 def callers_and_submitters(drt: dist.DistributedRuntime, seconds: float, timeout: float) -> list[int]:
     """Two threads calling drt(zeros, 1) and one submitting pairs of runs of the `slow` program, for a few
     seconds: the runs each completed (every thread's count); fails on a wrong result, an error or a thread

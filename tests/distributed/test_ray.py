@@ -26,7 +26,7 @@ import engine
 import engine.distributed as dist
 from scheduler import AsyncRuntime
 from tests.distributed import programs as P
-from tests.distributed.conftest import callers_and_submitters, mlp_reference, randn, reply_threads
+from tests.distributed.conftest import callers_and_submitters, mlp_reference, randn, sync_calls_then_submits
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -362,17 +362,8 @@ def test_a_sync_call_drives_its_run_on_its_own_thread(cluster, channel):
     back); a submitted run's are taken by the pump, and the two alternate freely, on either channel."""
     drt = _ray(P.slow, depth=2, transport=dist.RayTransport(channel=channel))
     try:
-        seen = reply_threads(drt)
+        seen = sync_calls_then_submits(drt, DETECT)
         zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
-        for _ in range(3):
-            np.testing.assert_array_equal(drt(zeros, 1), ones)
-        assert len(seen) == 6 and set(seen) == {threading.get_ident()}  # each call: both workers' replies
-        seen.clear()
-        handles = [drt.submit(zeros, 1) for _ in range(4)]
-        for h in handles:
-            np.testing.assert_array_equal(h.result(timeout=DETECT), ones)
-        assert len(seen) == 8 and threading.get_ident() not in seen
-        seen.clear()
         with drt._transport.caller_reads() as reads:  # a timed wait leaves the run to the pump
             assert reads is True
             h = drt.submit(zeros, 100_000_000)

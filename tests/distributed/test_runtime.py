@@ -13,7 +13,7 @@ import engine
 import engine.distributed as dist
 from scheduler import AsyncRuntime
 from tests.distributed import programs as P
-from tests.distributed.conftest import callers_and_submitters, randn, reply_threads
+from tests.distributed.conftest import callers_and_submitters, randn, reply_threads, sync_calls_then_submits
 
 B = 8
 
@@ -311,18 +311,8 @@ def test_a_bad_spin_is_refused_before_any_process_starts(spin_us):
 def test_a_sync_call_reads_its_replies_on_its_own_thread(slow, chain):
     """drt(x) hands its replies to the dispatcher on the calling thread (no hand-off from the receiving thread
     to the caller); a submitted run's replies are read by the receiving thread, and the two alternate freely."""
-    seen = reply_threads(slow)
-    zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
-    for _ in range(3):
-        np.testing.assert_array_equal(slow(zeros, 1), ones)
-    assert len(seen) == 6 and set(seen) == {threading.get_ident()}  # each call: both workers' replies
-    seen.clear()
-    handles = [slow.submit(zeros, 1) for _ in range(4)]
-    for h in handles:
-        np.testing.assert_array_equal(h.result(timeout=60), ones)
-    assert len(seen) == 8 and threading.get_ident() not in seen
-    seen.clear()
-    np.testing.assert_array_equal(slow(zeros, 1), ones)  # back to the caller
+    seen = sync_calls_then_submits(slow, 60)
+    np.testing.assert_array_equal(slow(np.zeros(2, np.float32), 1), np.ones(2, np.float32))  # back to the caller
     assert set(seen) == {threading.get_ident()}
 
     # A host callback's thread sends the step after it: the receiving thread reads that reply, the caller the first.
