@@ -371,6 +371,11 @@ def test_a_sync_call_drives_its_run_on_its_own_thread(cluster, channel):
             np.testing.assert_array_equal(h.result(timeout=DETECT), ones)
         assert len(seen) == 2 and threading.get_ident() not in seen
         np.testing.assert_array_equal(drt(zeros, 1), ones)  # the pump may still be finishing its round: it drives
+        # The pump lets go of the driver role only after handing on the run's last reply: once it has, with
+        # nothing left to send, the next call is the caller's to drive.
+        deadline = time.monotonic() + DETECT
+        while drt._transport._driver is not None and time.monotonic() < deadline:
+            time.sleep(0.001)
         seen.clear()
         np.testing.assert_array_equal(drt(zeros, 1), ones)  # back to the caller
         assert set(seen) == {threading.get_ident()}
