@@ -87,4 +87,5 @@ def test_demo_runs_and_checks_against_numpy():
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "OK: outputs match numpy" in proc.stdout
-    assert "overlap figure" in proc.stdout
+    assert "pipelining: depth 2 / depth 1 = " in proc.stdout
+    assert proc.stdout.count("(median of 3,") == 2  # both depths measured, warmed up, repetitions interleaved
