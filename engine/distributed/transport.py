@@ -305,7 +305,10 @@ class ProcessTransport(Transport):
             exits = []
             for k in ready:
                 if k < len(replies):
-                    seen += self._take_reply(replies[k][1], seen)
+                    # A caller that took the connections over during the wait reads what came meanwhile itself
+                    # (it began with nothing else due: every reply from then on answers what it sent or later).
+                    if self._receiver_reads:
+                        seen += self._take_reply(replies[k][1], seen)
                     continue
                 fd = fds[k]
                 if fd == self._wake_r:
