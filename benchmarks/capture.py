@@ -40,7 +40,7 @@ import numpy as np  # noqa: E402
 from _common import print_table, write_json  # noqa: E402
 
 import engine  # noqa: E402
-from tandem.programs import SMALL, small_tasks  # noqa: E402  (the program `tandem demo` shows captured)
+from tandem.programs import SMALL, small_tasks, warm_up  # noqa: E402  (the program `tandem demo` shows captured)
 
 MODES = (False, True)  # uncaptured, captured
 
@@ -176,16 +176,11 @@ def host_per_run_us(w: Workload, runs: int) -> float:
     return statistics.median(values) / 1e3
 
 
-WARM_UP_S = 0.2  # a new runtime's first runs are slow (its pool threads not yet spread over the cores)
-
-
 def measure(w: Workload, capture: bool, runs: int) -> dict[str, Any]:
     w.open(capture)
     try:
-        throughput(w, max(4, w.distinct))  # warm-up: a captured runtime records every key its runs use here
-        t0 = time.perf_counter()
-        while time.perf_counter() - t0 < WARM_UP_S:
-            throughput(w, max(4, w.distinct))
+        # A captured runtime records every key its runs use in the first of these.
+        warm_up(lambda: throughput(w, max(4, w.distinct)))
         out = {"runs_per_s": throughput(w, runs), "orchestration_us": orchestration_us(w, runs),
                "host_per_run_us": host_per_run_us(w, max(10, runs // 4))}
         out["capture_stats"] = w.runtime().capture_stats()

@@ -4,6 +4,7 @@ interleaved repetitions and checked against numpy; then a 200-task program run u
 
 from __future__ import annotations
 
+import functools
 import math
 import statistics
 import time
@@ -12,7 +13,8 @@ from typing import Any
 import numpy as np
 
 import engine
-from tandem.programs import D_HIDDEN, D_IN, SMALL, SMALL_TASKS, mlp, mlp_weights, small_tasks, small_tasks_reference
+from tandem.programs import (D_HIDDEN, D_IN, SMALL, SMALL_TASKS, mlp, mlp_weights, small_tasks,
+                             small_tasks_reference, warm_up)
 
 
 def reference(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
@@ -22,7 +24,6 @@ def reference(x: np.ndarray, w1: np.ndarray, w2: np.ndarray) -> np.ndarray:
     return (h @ w2).astype(np.float32)
 
 
-WARM_UP_S = 0.2  # a new runtime's first runs are slow (threads placed, caches and pages warmed): not measured
 REPS = 3
 
 
@@ -40,12 +41,6 @@ def measure(rt: engine.Runtime, batches: list[np.ndarray], w1: Any, w2: Any
     return rate, outs, t_host, t_device
 
 
-def warm_up(rt: engine.Runtime, batches: list[np.ndarray], w1: Any, w2: Any) -> None:
-    t0 = time.perf_counter()
-    while time.perf_counter() - t0 < WARM_UP_S:
-        measure(rt, batches[:10], w1, w2)
-
-
 def main(runs: int = 200, batch: int = 32) -> int:
     rng = np.random.default_rng(0)
     w1, w2 = mlp_weights(rng)
@@ -56,7 +51,7 @@ def main(runs: int = 200, batch: int = 32) -> int:
         weights = {d: (rt.alloc_tensor(w1.shape, "float32", init=w1),  # resident: not copied per run
                        rt.alloc_tensor(w2.shape, "float32", init=w2)) for d, rt in rts.items()}
         for d, rt in rts.items():
-            warm_up(rt, batches, *weights[d])
+            warm_up(functools.partial(measure, rt, batches[:10], *weights[d]))
         before = {d: rt.memory_stats() for d, rt in rts.items()}
         samples: dict[int, list[tuple[float, list[np.ndarray], float, float]]] = {1: [], 2: []}
         for rep in range(REPS):  # interleaved, alternating which goes first: both see the same machine

@@ -3,7 +3,8 @@
 `tandem demo` and `tandem trace mlp` run the MLP; `tandem trace overlap` and the
 overlap benchmark (benchmarks/overlap.py) run `spin`, so a trace shows exactly
 the work the benchmark measures; `tandem demo` and benchmarks/capture.py run
-`small_tasks` captured and uncaptured.
+`small_tasks` captured and uncaptured. Both also warm a fresh runtime up the
+same way before measuring it (warm_up).
 
 The parameters are annotated with engine specs (`In(...)`), which a type checker
 does not read as types: mypy reports `valid-type` for them, as for any program.
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Callable
 
 import numpy as np
 
@@ -21,6 +23,18 @@ from engine import In, Out, Scalar
 from engine import kernels as K
 
 D_IN, D_HIDDEN = 384, 1536
+
+# A new runtime's first runs are slow: with two pool workers on the 2-vCPU VM, its first 10-50 runs take up to
+# twice the steady time, until the scheduler has spread the threads over the cores (none with one worker).
+WARM_UP_S = 0.2
+
+
+def warm_up(step: Callable[[], object], seconds: float = WARM_UP_S) -> None:
+    """Calls step() until `seconds` have passed (at least once), so what is measured next is the steady state."""
+    t0 = time.perf_counter()
+    step()
+    while time.perf_counter() - t0 < seconds:
+        step()
 
 
 @engine.program
