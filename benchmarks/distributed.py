@@ -27,7 +27,7 @@
    cost, large ones a size where the shards' compute dominates it.
 
     python benchmarks/distributed.py [--quick] [--runs N] [--reps N] [--batch B] [--workers N] [--ray]
-                                     [--ray-batches B,B,...] [--ray-channel actor|compiled] [--json PATH]
+                                     [--ray-batches B,B,...] [--ray-channel auto|actor|compiled] [--json PATH]
 """
 
 from __future__ import annotations
@@ -428,8 +428,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--ray-batches", default=None,
                     help="batch sizes of the Ray scaling sweep, comma-separated (default 256,512,1024,2048; "
                          "--quick: 256,2048)")
-    ap.add_argument("--ray-channel", choices=("actor", "compiled"), default="actor",
-                    help="RayTransport's channel: plain actor calls (its default) or a Compiled Graph per worker")
+    ap.add_argument("--ray-channel", choices=("auto", "actor", "compiled"), default="auto",
+                    help="RayTransport's channel: its default (a socket to a worker on the driver's node, actor "
+                         "calls across nodes), plain actor calls, or a Compiled Graph per worker")
     ap.add_argument("--json", default=None, help="where to write the JSON figures")
     args = ap.parse_args(argv)
     # Short batches and many repetitions: on a shared machine the load changes by the second, and a

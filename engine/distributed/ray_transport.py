@@ -22,26 +22,31 @@ workers (executes their batches and takes the replies): a sync call
 (`drt(x)`) drives its own run on its thread when no other does, so no
 thread has to wake it; otherwise one pump thread serves every worker.
 
-Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60):
-"actor" (the default) makes each batch a plain actor call: a small sync
-run 0.94 ms (3.2x a bare Compiled Graph step on the driver's node, 0.72x on
-another node). "compiled" sends batches through one Ray Compiled Graph per
-worker: a small sync run 0.24 ms on the driver's node, 1.05 ms on another
-(0.79x / 0.87x the bare step: a small batch crosses as one bytes object,
-see ray_wire), and 1.7-2.6x the streaming throughput of "actor" at 256 KB
-per run, but its channels
-busy-poll (an idle worker actor and a waiting driver each burn a core), Ray
-keeps their buffers in the object store after teardown, and when a worker
-died, Ray 2.60 once aborted the driver process (a failed check in its
-mutable-object reader registration, in one of four runs of the killed-worker
-test). A worker death must never take the caller's process with it, so the
-default is "actor".
+Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60).
+"auto" (the default) reaches each worker Ray placed on the driver's node
+through a Unix-domain socket (ray_socket) and the others by plain actor
+calls: a small sync run 0.33 ms on the driver's node (0.63x a bare
+Compiled Graph step beside it, where an actor call costs 0.94 ms, 3.2x),
+and the socket tells of a worker's death at once (its end closes).
+"actor" makes every batch a plain actor call (on another node 0.72-1.2x
+the bare step: the network's and Ray's cost, not the channel's).
+"compiled" sends batches through one Ray Compiled Graph per worker: a small
+sync run 0.24 ms on the driver's node, 1.05 ms on another (0.79x / 0.87x
+the bare step: a small batch crosses as one bytes object, see ray_wire),
+and 1.7-2.6x the streaming throughput of "actor" at 256 KB per run, but its
+channels busy-poll (an idle worker actor and a waiting driver each burn a
+core), Ray keeps their buffers in the object store after teardown, and when
+a worker died, Ray 2.60 once aborted the driver process (a failed check in
+its mutable-object reader registration, in one of four runs of the
+killed-worker test). A worker death must never take the caller's process
+with it, so it is not the default.
 
 Faults. A worker whose actor or node dies fails the runs that need it with
 WorkerDiedError (through on_exit): a dead actor is seen within about a
-second; a node that disappears within Ray's node health check (about 30 s by
+second (behind a socket: as soon as the driver reads it); a node that disappears within Ray's node health check (about 30 s by
 default). stop() tears the graphs down, kills every actor, waits until Ray
-reports them dead and removes the placement group. Ray itself is connected
+reports them dead and removes the placement group (a worker's socket is
+shut down first: its serving thread ends, a driver reading it wakes). Ray itself is connected
 with ray.init(address) when it is not initialized yet, and stays connected
 for the process (ray.shutdown() ends it).
 """
@@ -59,6 +64,7 @@ from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
 
+from engine.distributed import ray_socket
 from engine.distributed.errors import WorkerDiedError
 from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import READ
@@ -69,7 +75,10 @@ from engine.distributed.transport import CallerReads, CallerRole, OnExit, OnMess
 
 __all__ = ["RayTransport"]
 
+log = logging.getLogger(__name__)
+
 _PLACEMENTS = {"spread": "SPREAD", "pack": "PACK"}
+_CHANNELS = ("auto", "actor", "compiled")
 _CHANNEL_BYTES = 64 << 10  # a compiled graph channel's first buffer
 _UNDER_WAY = 2  # batches under way per worker (a compiled graph's in-flight executions)
 
@@ -91,11 +100,13 @@ class _HostRegion(Region):
 class _Execution:
     """One batch under way on one worker: what the pump needs when its replies come back."""
 
-    __slots__ = ("worker", "ref", "calls", "sent_bytes", "sent_views")
+    __slots__ = ("worker", "ref", "sock", "calls", "sent_bytes", "sent_views")
 
-    def __init__(self, worker: int, ref: Any, calls: dict[int, Call], sent_bytes: int, sent_views: int) -> None:
+    def __init__(self, worker: int, ref: Any, sock: socket.socket | None, calls: dict[int, Call], sent_bytes: int,
+                 sent_views: int) -> None:
         self.worker = worker
-        self.ref = ref
+        self.ref = ref  # an actor call's or a compiled graph's result (None on a socket)
+        self.sock = sock  # the worker's socket, its replies next in line there (None across Ray)
         self.calls = calls
         self.sent_bytes = sent_bytes
         self.sent_views = sent_views
@@ -109,24 +120,26 @@ class RayTransport(Transport):
     "pack". worker_options: Ray actor options for every worker (a dict) or
     per worker (a sequence of dicts, one per worker); a worker given its own
     scheduling_strategy is placed by it rather than by the placement group.
-    channel: "actor" (plain actor calls, the default) or "compiled" (a Ray
-    Compiled Graph per worker: faster, but see the module docstring for its
-    costs and Ray's failure on a worker's death). A transport serves one
-    runtime.
+    channel: "auto" (the default: a Unix-domain socket to each worker on the
+    driver's node, plain actor calls to the others), "actor" (plain actor
+    calls to every worker) or "compiled" (a Ray Compiled Graph per worker:
+    see the module docstring for its costs and Ray's failure on a worker's
+    death). A transport serves one runtime.
     """
 
     shares_memory = False
 
     def __init__(self, address: str | None = None, *, placement: str = "spread",
                  worker_options: Mapping[str, Any] | Sequence[Mapping[str, Any]] | None = None,
-                 channel: str = "actor") -> None:
+                 channel: str = "auto") -> None:
         try:
             import ray  # noqa: F401  (optional: the `ray` extra)
         except ImportError:
             raise ImportError("RayTransport needs Ray: pip install 'tandem[ray]'") from None
-        if channel not in ("compiled", "actor"):
-            raise ValueError(f"channel must be 'compiled' (a Ray Compiled Graph per worker) or 'actor' (plain actor "
-                             f"calls), not {channel!r}")
+        if channel not in _CHANNELS:
+            raise ValueError(f"channel must be 'auto' (a socket to the driver's node's workers, actor calls to the "
+                             f"others), 'actor' (plain actor calls) or 'compiled' (a Ray Compiled Graph per worker), "
+                             f"not {channel!r}")
         if placement not in _PLACEMENTS:
             raise ValueError(f"placement must be 'spread' or 'pack', not {placement!r}")
         if address is not None and not isinstance(address, str):
@@ -146,6 +159,7 @@ class RayTransport(Transport):
         self._actors: list[Any] = []
         self._watches: dict[Any, int] = {}  # a watch() ref -> its worker: it resolves when the actor dies
         self._dags: list[Any] = []
+        self._sockets: list[socket.socket | None] = []  # per worker: its socket when it is on the driver's node
         self._outboxes: list[deque[Any]] = []  # per worker, in order; guarded by _wake
         self._wake = threading.Condition()  # a message was queued, the driver role was given back, or stop()
         # The driver role: the one thread that executes batches and takes their replies (the pump, or a sync
@@ -234,6 +248,9 @@ class RayTransport(Transport):
             ray.get(actor.set_clock_offset.remote(offset), timeout=_left(deadline))
             readies[i] = readies[i]._replace(clock_offset_ns=offset)
         self.node_ids = ray.get([a.node_id.remote() for a in self._actors], timeout=_left(deadline))
+        self._sockets = [None] * n
+        if self.channel == "auto":
+            self._connect_local(readies, deadline)
         self._watches = {a.watch.remote(): i for i, a in enumerate(self._actors)}
         for actor in self._actors:
             if self.channel == "compiled":
@@ -253,6 +270,33 @@ class RayTransport(Transport):
         self._watcher = threading.Thread(target=self._watch, name="tandem-ray-watcher", daemon=True)
         self._watcher.start()
         return readies
+
+    def _connect_local(self, readies: list[Ready], deadline: float) -> None:
+        """A socket to each worker on the driver's node (ray_socket); one that cannot connect keeps actor calls."""
+        import ray
+
+        if (self.address or "").startswith("ray://"):
+            return  # a Ray client's driver is on no node of the cluster
+        here = ray.get_runtime_context().get_node_id()
+        for i, actor in enumerate(self._actors):
+            if self.node_ids[i] != here:
+                continue
+            listener = ray_socket.Listener()
+            try:
+                try:
+                    ray.get(actor.serve_local.remote(listener.address), timeout=_left(deadline))
+                except Exception as e:  # another network namespace, say: this worker keeps actor calls
+                    log.info("chip worker %d keeps Ray actor calls: its socket did not connect (%s)", i,
+                             _first_line(e))
+                    continue
+                self._sockets[i] = listener.accept(readies[i].pid, _left(deadline))
+            finally:
+                listener.close()
+
+    @property
+    def socket_workers(self) -> list[int]:
+        """The workers reached through a socket on the driver's node (channel "auto")."""
+        return [i for i, s in enumerate(self._sockets) if s is not None]
 
     def _options(self, n: int) -> list[dict[str, Any]]:
         opts = self._worker_options
@@ -327,42 +371,74 @@ class RayTransport(Transport):
         for w, msgs in taken:
             if w in self._gone:
                 continue
-            batch, calls, sent_bytes, sent_views = self._pack(msgs)
+            sock, ref = self._sockets[w], None
+            batch, calls, sent_bytes, sent_views = self._pack(msgs, sock is not None)
             try:
-                ref = self._dags[w].execute(batch) if compiled else self._actors[w].step.remote(batch)
+                if sock is not None:
+                    ray_socket.send_wire(sock, batch)
+                elif compiled:
+                    ref = self._dags[w].execute(batch)
+                else:
+                    ref = self._actors[w].step.remote(batch)
             except Exception as e:
                 self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
                 continue
-            under_way.append(_Execution(w, ref, calls, sent_bytes, sent_views))
+            under_way.append(_Execution(w, ref, sock, calls, sent_bytes, sent_views))
             busy[w] += 1
         if not under_way:
             return
-        if compiled:  # a compiled graph's results are read in execution order
-            ex = under_way[0]
-        else:  # plain actor calls: whichever is back first
-            ready, _ = ray.wait([e.ref for e in under_way], num_returns=1)
-            ex = next(e for e in under_way if e.ref == ready[0])
+        ex = self._first_back(under_way, compiled)
         w = ex.worker
+        deferred: list[BaseException] = []  # an interrupt in the middle of a socket's message
         try:
-            replies = ex.ref.get(timeout=-1) if compiled else ray.get(ex.ref)
+            if ex.sock is not None:
+                replies = ray_socket.recv_wire(ex.sock, deferred)
+            else:
+                replies = ex.ref.get(timeout=-1) if compiled else ray.get(ex.ref)
         except Exception as e:
             self._done_with(ex)
-            self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
+            if ex.sock is not None and isinstance(e, (EOFError, ConnectionError)):
+                self._lost(w, f"chip worker {w} (Ray actor on the driver's node) died: its socket closed")
+            else:
+                self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
             return
         except BaseException:  # an interrupt of a driving caller
             if compiled:  # a compiled graph's result is read once: these replies are lost, and it is said
                 self._done_with(ex)
                 self._lost(w, f"chip worker {w}: its replies were lost to an interrupt of the thread reading them")
-            raise  # an actor call's result stays under way for the next driver
+            raise  # an actor call's result (a socket's message, not begun) stays under way for the next driver
         self._done_with(ex)
         self._take_replies(ex, replies)
+        if deferred:
+            raise deferred[0]
+
+    @staticmethod
+    def _first_back(under_way: deque[_Execution], compiled: bool) -> _Execution:
+        """The execution whose replies to take next, once they are there (an interrupt while waiting leaves
+        every execution under way)."""
+        import ray
+
+        if compiled:  # a compiled graph's results are read in execution order
+            return under_way[0]
+        socks = [e.sock for e in under_way if e.sock is not None]
+        if not socks:  # plain actor calls: whichever is back first
+            ready, _ = ray.wait([e.ref for e in under_way], num_returns=1)
+            return next(e for e in under_way if e.ref == ready[0])
+        if len(socks) < len(under_way):  # sockets and actor calls: the oldest first
+            ex = under_way[0]
+            if ex.sock is not None:
+                ray_socket.wait_readable(ex.sock)
+            return ex
+        readable = ray_socket.wait_readable(*set(socks))  # sockets only: the oldest of a worker that replied
+        return next(e for e in under_way if e.sock in readable)
 
     def _done_with(self, ex: _Execution) -> None:
         self._under_way.remove(ex)
         self._busy[ex.worker] -= 1
 
-    def _pack(self, msgs: list[Any]) -> tuple[Wire, dict[int, Call], int, int]:
-        """A batch of messages, each Call with the compact bytes of the region views it reads."""
+    def _pack(self, msgs: list[Any], apart: bool) -> tuple[Wire, dict[int, Call], int, int]:
+        """A batch of messages, each Call with the compact bytes of the region views it reads (apart: see
+        ray_wire.pack)."""
         bases = self._bases
         batch: list[Entry] = []
         calls: dict[int, Call] = {}
@@ -376,7 +452,7 @@ class RayTransport(Transport):
                 sent_views += len(reads)
                 sent_bytes += sum(r.nbytes for _, r in reads)
             batch.append((m, reads))
-        return pack(batch), calls, sent_bytes, sent_views
+        return pack(batch, apart), calls, sent_bytes, sent_views
 
     def _take_replies(self, ex: _Execution, replies: Any) -> None:
         """Writes what an execution's Calls wrote into the host's regions, then hands every reply on."""
@@ -510,6 +586,9 @@ class RayTransport(Transport):
         pump = self._pump
         if pump is not None:  # a pump still waiting on an execution (a kernel that does not return) ends with the kill
             pump.join(_left(deadline))
+        for sock in self._sockets:
+            if sock is not None:  # the worker's serving thread ends; a pump still reading it wakes
+                _quietly(sock.shutdown, socket.SHUT_RDWR)
         if pump is None or not pump.is_alive():
             for dag in self._dags:
                 if dag is not None:
@@ -520,6 +599,9 @@ class RayTransport(Transport):
             _quietly(ray.wait, list(self._watches), num_returns=len(self._watches), timeout=max(1.0, _left(deadline)))
         if pump is not None:
             pump.join(1.0)
+        for sock in self._sockets:
+            if sock is not None:
+                sock.close()
         if self._watcher is not None:
             self._watcher.join()
         if self._pg is not None:

@@ -29,7 +29,9 @@ Wire = Union[bytes, tuple[bytes, list[np.ndarray]]]
 INLINE_BYTES = 256 * 1024
 
 
-def pack(entries: list[Entry]) -> Wire:
+def pack(entries: list[Entry], apart: bool = False) -> Wire:
+    """apart: arrays always apart from the head, however small (a socket sends them raw: pickling a numpy
+    array costs more than its bytes)."""
     heads = []
     arrays: list[np.ndarray] = []
     inline = 0
@@ -38,7 +40,7 @@ def pack(entries: list[Entry]) -> Wire:
         for _, a in data:
             arrays.append(a)
             inline += a.nbytes
-    if inline <= INLINE_BYTES:
+    if inline <= INLINE_BYTES and not (apart and arrays):
         return pickle.dumps((heads, arrays), protocol=pickle.HIGHEST_PROTOCOL)
     return pickle.dumps(heads, protocol=pickle.HIGHEST_PROTOCOL), arrays
 

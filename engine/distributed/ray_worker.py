@@ -1,13 +1,18 @@
-"""The chip worker as a Ray actor: the same ChipHost as a worker process, fed through a Compiled Graph.
+"""The chip worker as a Ray actor: the same ChipHost as a worker process, fed batches by step().
 
-The host compiles one single-actor graph per worker (InputNode -> step) and
-sends each batch of protocol messages as one execution. step() applies the
+The host sends each batch of protocol messages as one step(): an actor call,
+one execution of a single-actor Compiled Graph (InputNode -> step), or a
+message on a socket (below), as its channel says. step() applies the
 bytes a Call reads to this worker's copy of the region, starts the Call on
 its engine, serves memory calls at once, then waits until every Call of the
 batch has completed and returns the replies, each Done with the region views
 its Call wrote. A batch never holds a Call that depends on another of the
 same batch: with no shared memory the dispatcher sends a Call only once the
 replies it depends on are back (Transport.shares_memory).
+
+A worker on the driver's node serves its batches on a Unix-domain socket
+instead (serve_local, see ray_socket): the same step() on a thread of its
+own, which the driver then uses for every batch of this worker.
 
 watch() runs in its own concurrency group and returns only when the actor
 dies (it is never asked to): the host waits on it to learn of a death even
@@ -28,6 +33,7 @@ import ray
 
 from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import WRITE
+from engine.distributed import ray_socket
 from engine.distributed.protocol import Call, Done, Ready, Setup, SetupFailed, portable_error
 from engine.distributed.ray_wire import Entry, Wire, pack, unpack
 from engine.distributed.worker import ChipHost
@@ -73,51 +79,65 @@ class ChipActor:
     def node_id(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
-    def step(self, batch: Wire) -> Wire:
-        """A batch's replies, once every Call of it has completed (both as ray_wire packs them)."""
+    def serve_local(self, address: str) -> None:
+        """Connects to the driver's socket at `address` and serves batches on it from a thread of this actor's
+        until the driver hangs up (from then on the driver sends no step() call)."""
         host = self._host
         assert host is not None
-        replies: list[Entry] = []
-        waiting: dict[int, Call] = {}
-        for msg, reads in unpack(batch):
-            if not isinstance(msg, Call):
-                replies.append((host.handle(msg), ()))
-                continue
-            try:
-                for i, data in reads:
-                    np.copyto(self._view(msg.args[i], True), data)
-            except BaseException as e:
-                replies.append((Done(msg.seq, portable_error(e), -1, -1), ()))
-                continue
-            done = host.call(msg)
-            if done is None:
-                waiting[msg.seq] = msg
-            else:
-                replies.append((done, ()))
-        fd = host.notifier_fd
-        while waiting:
-            host.run_queued()  # this thread is one of the worker's executors (see worker.serve)
-            completed = host.completed()
-            if not completed:  # the rest is on the pool threads: they announce each run they complete
-                select.select([fd], [], [])
-                continue
-            for done in completed:
-                msg = waiting.pop(done.seq)
-                writes: tuple[tuple[int, np.ndarray], ...] = ()
-                if done.error is None:
-                    writes = tuple((i, np.array(self._view(msg.args[i], False)))
-                                   for i in region_arguments(msg.args, msg.access, WRITE))
-                replies.append((done, writes))
-        return pack(replies)
+        sock = ray_socket.connect(address)
+        threading.Thread(target=ray_socket.serve, args=(sock, lambda batch: pack(run_batch(host, batch), apart=True)),
+                         name="tandem-ray-socket", daemon=True).start()
 
-    def _view(self, desc: tuple[Any, ...], writable: bool) -> np.ndarray:
-        """This worker's view of a region argument of a Call."""
+    def step(self, batch: Wire) -> Wire:
+        """A batch's replies, once every Call of it has completed (both as ray_wire packs them)."""
         assert self._host is not None
-        return descriptor_view(self._host.region_bytes(desc[1]), desc, writable)
+        return pack(run_batch(self._host, batch))
 
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
         self._never.wait()
+
+
+def run_batch(host: ChipHost, batch: Wire) -> list[Entry]:
+    """The replies to a batch, once every Call of it has completed: each Done with the region views its Call
+    wrote."""
+    replies: list[Entry] = []
+    waiting: dict[int, Call] = {}
+    for msg, reads in unpack(batch):
+        if not isinstance(msg, Call):
+            replies.append((host.handle(msg), ()))
+            continue
+        try:
+            for i, data in reads:
+                np.copyto(_view(host, msg.args[i], True), data)
+        except BaseException as e:
+            replies.append((Done(msg.seq, portable_error(e), -1, -1), ()))
+            continue
+        done = host.call(msg)
+        if done is None:
+            waiting[msg.seq] = msg
+        else:
+            replies.append((done, ()))
+    fd = host.notifier_fd
+    while waiting:
+        host.run_queued()  # this thread is one of the worker's executors (see worker.serve)
+        completed = host.completed()
+        if not completed:  # the rest is on the pool threads: they announce each run they complete
+            select.select([fd], [], [])
+            continue
+        for done in completed:
+            msg = waiting.pop(done.seq)
+            writes: tuple[tuple[int, np.ndarray], ...] = ()
+            if done.error is None:
+                writes = tuple((i, np.array(_view(host, msg.args[i], False)))
+                               for i in region_arguments(msg.args, msg.access, WRITE))
+            replies.append((done, writes))
+    return replies
+
+
+def _view(host: ChipHost, desc: tuple[Any, ...], writable: bool) -> np.ndarray:
+    """This worker's view of a region argument of a Call."""
+    return descriptor_view(host.region_bytes(desc[1]), desc, writable)
 
 
 _MAIN_ALIAS = "__tandem_driver_main__"

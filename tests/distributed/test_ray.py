@@ -3,9 +3,10 @@
 The cluster (ray.cluster_utils.Cluster) has two nodes, each with its own
 raylet and object store, so "spread" placement puts the two workers on
 different nodes and every byte a run moves crosses between nodes as it would
-between machines. The runtimes use the default channel (plain actor calls)
-unless a test says "compiled"; a killed worker is tested on the default only
-(Ray 2.60's compiled graphs can abort the driver then). The tests marked slow
+between machines. The runtimes use the default channel ("auto": a socket to
+the worker on the driver's node, the head node, and plain actor calls to the
+other) unless a test says "actor" or "compiled"; a killed worker is tested
+on the default only (Ray 2.60's compiled graphs can abort the driver then). The tests marked slow
 (a removed node, per-worker options, "pack") run with --run-slow.
 """
 
@@ -98,6 +99,10 @@ def test_spread_places_the_workers_on_different_nodes(dp, cluster):
     assert len(set(transport.node_ids)) == 2 and set(transport.node_ids) <= nodes
     assert dp.health() == [True, True]
     assert ray.util.placement_group_table(transport.placement_group)["strategy"] == "SPREAD"
+    # The worker on the driver's node is reached through a socket, the other through actor calls.
+    here = ray.get_runtime_context().get_node_id()
+    assert transport.socket_workers == [i for i, n in enumerate(transport.node_ids) if n == here]
+    assert len(transport.socket_workers) == 1
 
 
 def test_data_parallel_matches_numpy_and_moves_only_what_runs_read_and_write(dp, weights):
@@ -356,12 +361,13 @@ def test_a_removed_node_fails_the_runs_that_need_it(cluster):
 
 
 # -- a sync call driving its own run -----------------------------------------------------------------------
-@pytest.mark.parametrize("channel", ["actor", "compiled"])
+@pytest.mark.parametrize("channel", ["auto", "actor", "compiled"])
 def test_a_sync_call_drives_its_run_on_its_own_thread(cluster, channel):
     """drt(x) executes its batches and takes their replies on the calling thread (no hand-off to the pump and
-    back); a submitted run's are taken by the pump, and the two alternate freely, on either channel."""
+    back); a submitted run's are taken by the pump, and the two alternate freely, on every channel."""
     drt = _ray(P.slow, depth=2, transport=dist.RayTransport(channel=channel))
     try:
+        assert len(drt._transport.socket_workers) == (1 if channel == "auto" else 0)
         seen = sync_calls_then_submits(drt, DETECT)
         zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
         with drt._transport.caller_reads() as reads:  # a timed wait leaves the run to the pump
@@ -384,10 +390,12 @@ def test_a_sync_call_drives_its_run_on_its_own_thread(cluster, channel):
     _assert_nothing_left(drt)
 
 
-def test_sync_callers_and_submitters_on_the_compiled_channel_lose_no_reply(cluster):
-    """Two callers driving their runs and a submitter served by the pump, for a few seconds on the compiled
-    channel (where two threads executing graphs at once would hang Ray): every run gets its result."""
-    drt = _ray(P.slow, depth=4, transport=dist.RayTransport(channel="compiled"))
+@pytest.mark.parametrize("channel", ["auto", "compiled"])
+def test_sync_callers_and_submitters_lose_no_reply(cluster, channel):
+    """Two callers driving their runs and a submitter served by the pump, for a few seconds, on the compiled
+    channel (where two threads executing graphs at once would hang Ray) and on the default's mix of a socket
+    and actor calls: every run gets its result."""
+    drt = _ray(P.slow, depth=4, transport=dist.RayTransport(channel=channel))
     try:
         assert min(callers_and_submitters(drt, 3.0, DETECT)) > 0
     finally:
@@ -395,16 +403,19 @@ def test_sync_callers_and_submitters_on_the_compiled_channel_lose_no_reply(clust
     _assert_nothing_left(drt)
 
 
-def test_a_worker_killed_while_a_sync_call_drives_fails_it(cluster):
-    """The caller is in Ray's wait for its batch when the actor dies: the call fails with WorkerDiedError (from the
-    execution it drives, or the watcher), and close() leaves nothing."""
-    drt = _ray(P.slow, depth=2)
+@pytest.mark.parametrize("behind", ["actor calls", "a socket"])
+def test_a_worker_killed_while_a_sync_call_drives_fails_it(cluster, behind):
+    """The caller waits for its batch when the actor dies: the call fails with WorkerDiedError (from the execution
+    it drives, where a socket's end tells before Ray does, or the watcher), and close() leaves nothing."""
+    drt = _ray(P.slow, depth=2, transport=_on_the_drivers_node() if behind == "a socket" else None)
     try:
+        sockets = drt._transport.socket_workers
+        victim = next(i for i in range(2) if (i in sockets) == (behind == "a socket"))
         drt(np.zeros(2, np.float32), 1)
-        killer = threading.Timer(0.3, os.kill, (drt.pids[0], signal.SIGKILL))
+        killer = threading.Timer(0.3, os.kill, (drt.pids[victim], signal.SIGKILL))
         killer.start()
         t0 = time.monotonic()
-        with pytest.raises(dist.WorkerDiedError, match="chip worker 0"):
+        with pytest.raises(dist.WorkerDiedError, match=f"chip worker {victim}"):
             drt(np.zeros(2, np.float32), 5_000_000_000)  # 5 s: killed long before
         assert time.monotonic() - t0 < DETECT
         killer.join()
@@ -437,28 +448,89 @@ def test_close_from_another_thread_drains_a_sync_call_it_drives(cluster):
 def test_an_interrupt_of_a_driving_caller_leaves_its_run_to_the_pump(cluster, monkeypatch):
     """Ctrl-C while a sync call waits in Ray for its batch (actor channel): the call raises KeyboardInterrupt, the
     execution stays under way and the pump takes its replies, so the runtime stays usable and loses nothing."""
-    drt = _ray(P.slow, depth=2)
+    drt = _ray(P.slow, depth=2, transport=dist.RayTransport(channel="actor"))
     try:
-        zeros, ones = np.zeros(2, np.float32), np.ones(2, np.float32)
-        np.testing.assert_array_equal(drt(zeros, 1), ones)
-        real_get, interrupted = ray.get, []
+        _interrupt_a_driving_caller(drt, monkeypatch, ray, "get", 2)
+    finally:
+        monkeypatch.undo()
+        drt.close()
+    _assert_nothing_left(drt)
 
-        def get_once_interrupted(*args, **kwargs):
-            if not interrupted and threading.current_thread() is threading.main_thread():
-                interrupted.append(True)
-                raise KeyboardInterrupt
-            return real_get(*args, **kwargs)
 
-        monkeypatch.setattr(ray, "get", get_once_interrupted)
-        with pytest.raises(KeyboardInterrupt):
-            drt(zeros, 1)
-        assert interrupted and not drt.broken
-        for _ in range(3):
-            np.testing.assert_array_equal(drt(zeros, 1), ones)
-        idle = threading.Thread(target=drt._dispatcher.wait_idle, daemon=True)  # the interrupted run completes too
-        idle.start()
-        idle.join(DETECT)
-        assert not idle.is_alive()
+def _interrupt_a_driving_caller(drt: dist.DistributedRuntime, monkeypatch, module, name: str, written: int) -> None:
+    """module.name raises KeyboardInterrupt the first time the main thread calls it: the sync call in it raises
+    that, and the runtime stays usable, loses nothing (`slow` writes y[:written]) and completes every run."""
+    zeros, ones = np.zeros(2, np.float32), np.ones(written, np.float32)
+    np.testing.assert_array_equal(drt(zeros, 1)[:written], ones)
+    real, interrupted = getattr(module, name), []
+
+    def once_interrupted(*args, **kwargs):
+        if not interrupted and threading.current_thread() is threading.main_thread():
+            interrupted.append(True)
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, once_interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        drt(zeros, 1)
+    assert interrupted and not drt.broken
+    for _ in range(3):
+        np.testing.assert_array_equal(drt(zeros, 1)[:written], ones)
+    idle = threading.Thread(target=drt._dispatcher.wait_idle, daemon=True)  # the interrupted run completes too
+    idle.start()
+    idle.join(DETECT)
+    assert not idle.is_alive()
+
+
+# -- the driver's node: workers behind a socket --------------------------------------------------------------
+def _on_the_drivers_node(**kwargs) -> dist.RayTransport:
+    from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+    here = ray.get_runtime_context().get_node_id()
+    # Half a CPU each: the module's `dp` runtime holds one of the head node's two.
+    return dist.RayTransport(worker_options={"num_cpus": 0.5,
+                                             "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)},
+                             **kwargs)
+
+
+def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights):
+    """Both workers beside the driver: each has its socket (the driver waits on both at once), the data-parallel
+    MLP matches numpy with the same bytes moved as over Ray, and many callers and a submitter lose no reply."""
+    w1, w2 = weights
+    drt = _ray(P.dp_mlp, depth=3, bounds={"B": B}, transport=_on_the_drivers_node())
+    try:
+        assert drt._transport.socket_workers == [0, 1]
+        x = randn(np.random.default_rng(2), B, P.D)
+        before = drt.transfer_stats()
+        np.testing.assert_allclose(drt(x, w1, w2), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+        after = drt.transfer_stats()
+        assert after["bytes_to_workers"] - before["bytes_to_workers"] == x.nbytes + 2 * (w1.nbytes + w2.nbytes)
+        assert after["bytes_from_workers"] - before["bytes_from_workers"] == x.nbytes
+        handles = [drt.submit(randn(np.random.default_rng(k), B, P.D), w1, w2) for k in range(8)]
+        for k, h in enumerate(handles):
+            xk = randn(np.random.default_rng(k), B, P.D)
+            np.testing.assert_allclose(h.result(timeout=DETECT), mlp_reference(xk, w1, w2), rtol=1e-4, atol=1e-5)
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+    slow = _ray(P.slow, depth=4, transport=_on_the_drivers_node())
+    try:
+        assert slow._transport.socket_workers == [0, 1]
+        assert min(callers_and_submitters(slow, 2.0, DETECT)) > 0
+    finally:
+        slow.close()
+    _assert_nothing_left(slow)
+
+
+def test_an_interrupt_while_waiting_on_a_socket_leaves_the_run_to_the_pump(cluster, monkeypatch):
+    """Ctrl-C while a sync call waits for its worker's socket: the call raises KeyboardInterrupt with nothing read
+    from the socket, the pump takes the replies, and the runtime stays usable and loses nothing."""
+    from engine.distributed import ray_socket
+
+    drt = _ray(P.slow, depth=2, workers=1, transport=_on_the_drivers_node())
+    try:
+        assert drt._transport.socket_workers == [0]
+        _interrupt_a_driving_caller(drt, monkeypatch, ray_socket, "wait_readable", 1)  # one worker writes y[0]
     finally:
         monkeypatch.undo()
         drt.close()

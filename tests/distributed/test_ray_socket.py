@@ -1,0 +1,145 @@
+"""ray_socket: the driver's channel to a Ray worker on its own node, without Ray (a socket pair and a thread)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import numpy as np
+import pytest
+
+from engine.distributed import ray_socket
+from engine.distributed.protocol import Call, Done
+from engine.distributed.ray_wire import pack, unpack
+
+
+@pytest.fixture
+def pair():
+    """(driver's end, worker's end) of a connected pair; the driver's end times out rather than hang a test."""
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    a.settimeout(30.0)
+    yield a, b
+    a.close()
+    b.close()
+
+
+def _echoing(sock: socket.socket) -> threading.Thread:
+    """The worker's serve() with a step that sends each batch back as it came (its arrays apart)."""
+    t = threading.Thread(target=ray_socket.serve, args=(sock, lambda batch: pack(unpack(batch), apart=True)),
+                         daemon=True)
+    t.start()
+    return t
+
+
+def _arrays_equal(sent, got):
+    assert len(sent) == len(got)
+    for (m1, d1), (m2, d2) in zip(sent, got):
+        assert m1 == m2
+        assert [i for i, _ in d1] == [i for i, _ in d2]
+        for (_, x), (_, y) in zip(d1, d2):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x, y)
+
+
+def _call(seq: int) -> Call:
+    return Call(seq, 1, {"B": 4}, (("s", 0, 0, (4,), (1,), "f32"), ("v", 2.5)), (1, 0))
+
+
+def test_batches_and_their_arrays_cross_whole(pair):
+    driver, worker = pair
+    served = _echoing(worker)
+    rng = np.random.default_rng(0)
+    wide = rng.standard_normal((6, 5)).astype(np.float32)
+    arrays = (
+        (0, wide),
+        (1, wide.T),  # not contiguous: arrives as a contiguous copy
+        (2, np.array(3.5, np.float64)),  # 0-d
+        (3, np.zeros((0, 4), np.int32)),  # empty
+        (4, np.arange(7, dtype=np.uint8)),
+    )
+    for entries in ([(_call(1), ())], [(_call(2), arrays), (Done(3, None, 5, 6), ())]):
+        for apart in (False, True):
+            ray_socket.send_wire(driver, pack(entries, apart))
+            _arrays_equal(entries, unpack(ray_socket.recv_wire(driver)))
+    driver.shutdown(socket.SHUT_WR)  # the driver hangs up: serve() returns and closes its end
+    served.join(10)
+    assert not served.is_alive()
+    assert worker.fileno() == -1
+
+
+def test_large_batches_back_to_back_do_not_deadlock(pair):
+    """Two batches larger than the sockets' buffers sent before any reply is read: the worker never blocks on
+    writing a reply while the driver blocks on sending it the next batch (its writer thread takes the rest)."""
+    driver, worker = pair
+    _echoing(worker)
+    big = [np.full(3 << 20, k, np.float32) for k in range(2)]  # 12 MB each; the buffers are 4 MB
+    batches = [[(_call(k), ((0, big[k]),))] for k in range(2)]
+    for b in batches:
+        ray_socket.send_wire(driver, pack(b))
+    for b in batches:  # in order
+        _arrays_equal(b, unpack(ray_socket.recv_wire(driver)))
+
+
+class _InterruptedOnce:
+    """A socket whose n-th recv_into is interrupted (KeyboardInterrupt) before it reads anything."""
+
+    def __init__(self, sock: socket.socket, n: int) -> None:
+        self._sock, self._n = sock, n
+
+    def recv_into(self, view):
+        self._n -= 1
+        if self._n == 0:
+            raise KeyboardInterrupt
+        return self._sock.recv_into(view)
+
+
+def test_an_interrupt_in_the_middle_of_a_message_is_deferred_until_it_is_read(pair):
+    driver, worker = pair
+    entries = [(_call(1), ((0, np.arange(10, dtype=np.float32)),))]
+    ray_socket.send_wire(worker, pack(entries, apart=True))
+    deferred: list[BaseException] = []
+    got = ray_socket.recv_wire(_InterruptedOnce(driver, 2), deferred)  # after the header, before the head
+    _arrays_equal(entries, unpack(got))
+    assert len(deferred) == 1 and isinstance(deferred[0], KeyboardInterrupt)
+    # Without a place to defer it, the interrupt is raised (the caller owns a broken stream then).
+    ray_socket.send_wire(worker, pack(entries))
+    with pytest.raises(KeyboardInterrupt):
+        ray_socket.recv_wire(_InterruptedOnce(driver, 2))
+
+
+def test_a_peer_that_hangs_up_is_told_apart_from_one_that_breaks_off_a_message(pair):
+    driver, worker = pair
+    worker.close()
+    with pytest.raises(EOFError):
+        ray_socket.recv_wire(driver)
+    a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        wire = pack([(_call(1), ())])
+        b.sendall(ray_socket._buffers(wire)[0])  # the header alone, then the peer is gone
+        b.close()
+        with pytest.raises(ConnectionError, match="middle of a message"):
+            ray_socket.recv_wire(a)
+    finally:
+        a.close()
+
+
+def test_the_listener_accepts_only_the_worker_process_it_expects():
+    listener = ray_socket.Listener()
+    try:
+        assert listener.address.startswith("\0tandem-ray-")  # abstract: nothing on disk
+        client = ray_socket.connect(listener.address)
+        with pytest.raises(ConnectionError, match=f"process {os.getpid()} connected in place of the worker "
+                                                  f"process {os.getpid() + 1}"):
+            listener.accept(os.getpid() + 1, 5.0)
+        client.close()
+        client = ray_socket.connect(listener.address)
+        conn = listener.accept(os.getpid(), 5.0)
+        ray_socket.send_wire(client, b"ping")
+        assert ray_socket.recv_wire(conn) == b"ping"
+        conn.close()
+        client.close()
+        with pytest.raises(TimeoutError, match="did not connect within 0.2 s"):
+            listener.accept(os.getpid(), 0.2)
+    finally:
+        listener.close()
