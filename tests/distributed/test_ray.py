@@ -535,3 +535,24 @@ def test_an_interrupt_while_waiting_on_a_socket_leaves_the_run_to_the_pump(clust
         monkeypatch.undo()
         drt.close()
     _assert_nothing_left(drt)
+
+
+def test_a_worker_that_cannot_reach_the_drivers_socket_keeps_actor_calls(cluster, monkeypatch):
+    """A worker on the driver's node that cannot connect (another network namespace, say) is served by actor
+    calls instead: the runtime starts and its runs are right."""
+    from engine.distributed import ray_socket
+
+    real_init = ray_socket.Listener.__init__
+
+    def unreachable(self):
+        real_init(self)
+        self.address += "-elsewhere"  # what the worker is told: nobody listens there
+
+    monkeypatch.setattr(ray_socket.Listener, "__init__", unreachable)
+    drt = _ray(P.slow, depth=2, transport=_on_the_drivers_node())
+    try:
+        assert drt._transport.socket_workers == []
+        np.testing.assert_array_equal(drt(np.zeros(2, np.float32), 1), np.ones(2, np.float32))
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
