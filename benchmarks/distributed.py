@@ -321,6 +321,7 @@ def ray_overhead(runs: int, reps: int, channel: str, node: str) -> tuple[list[li
                                          "bare Compiled Graph step (same copy program)", "cgraph", runs, reps,
                                          "RayTransport ")
         figures["node"] = node
+        figures["socket_workers"] = drt._transport.socket_workers  # "auto": [0] on the driver's node
         return rows, figures
     finally:
         drt.close()

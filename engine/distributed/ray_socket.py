@@ -104,14 +104,22 @@ def _buffers(wire: Wire) -> list[Any]:
     return [_HEADER.pack(len(head), len(meta)), head, meta, *(a.data.cast("B") for a in arrays if a.nbytes)]
 
 
-def _send(sock: socket.socket, bufs: list[Any], flags: int = 0) -> list[Any]:
-    """Sends bufs (gathered); what is left when the socket would block (only with MSG_DONTWAIT)."""
+def _send(sock: socket.socket, bufs: list[Any], flags: int = 0,
+          deferred: list[BaseException] | None = None) -> list[Any]:
+    """Sends bufs (gathered); what is left when the socket would block (only with MSG_DONTWAIT). A peer gone
+    is an OSError, never a SIGPIPE. With `deferred`, see send_wire."""
     views = [memoryview(b).cast("B") for b in bufs]
+    flags |= socket.MSG_NOSIGNAL
     while views:
         try:
             sent = sock.sendmsg(views[:_IOV_MAX], [], flags)
         except BlockingIOError:
             return views
+        except KeyboardInterrupt as e:  # raised before the call sent anything
+            if deferred is None:
+                raise
+            deferred.append(e)
+            continue
         while sent:
             n = len(views[0])
             if sent >= n:
@@ -125,9 +133,13 @@ def _send(sock: socket.socket, bufs: list[Any], flags: int = 0) -> list[Any]:
     return []
 
 
-def send_wire(sock: socket.socket, wire: Wire) -> None:
-    """Writes one message, blocking until the socket took all of it. OSError when the peer is gone."""
-    _send(sock, _buffers(wire))
+def send_wire(sock: socket.socket, wire: Wire, deferred: list[BaseException] | None = None) -> None:
+    """Writes one message, blocking until the socket took all of it. OSError when the peer is gone.
+
+    With `deferred`, a KeyboardInterrupt while the socket is full is put there and the write goes on, so an
+    interrupt never leaves half a message in the stream.
+    """
+    _send(sock, _buffers(wire), 0, deferred)
 
 
 def wait_readable(*socks: socket.socket) -> list[socket.socket]:

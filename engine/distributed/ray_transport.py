@@ -368,14 +368,15 @@ class RayTransport(Transport):
                 if box and busy[w] < _UNDER_WAY:
                     taken.append((w, list(box)))
                     box.clear()
-        for w, msgs in taken:
+        deferred: list[BaseException] = []  # an interrupt while a socket was full: raised once all is sent
+        for k, (w, msgs) in enumerate(taken):
             if w in self._gone:
                 continue
             sock, ref = self._sockets[w], None
             batch, calls, sent_bytes, sent_views = self._pack(msgs, sock is not None)
             try:
                 if sock is not None:
-                    ray_socket.send_wire(sock, batch)
+                    ray_socket.send_wire(sock, batch, deferred)
                 elif compiled:
                     ref = self._dags[w].execute(batch)
                 else:
@@ -383,13 +384,20 @@ class RayTransport(Transport):
             except Exception as e:
                 self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
                 continue
+            except BaseException:  # an interrupt cut this batch short: its runs fail rather than hang
+                self._lost(w, f"chip worker {w}: a batch to it was cut short by an interrupt")
+                with self._wake:
+                    for v, rest in reversed(taken[k + 1:]):  # the others' batches go out with the next round
+                        self._outboxes[v].extendleft(reversed(rest))
+                raise
             under_way.append(_Execution(w, ref, sock, calls, sent_bytes, sent_views))
             busy[w] += 1
+        if deferred:
+            raise deferred[0]  # every batch is under way: the next driver takes their replies
         if not under_way:
             return
         ex = self._first_back(under_way, compiled)
         w = ex.worker
-        deferred: list[BaseException] = []  # an interrupt in the middle of a socket's message
         try:
             if ex.sock is not None:
                 replies = ray_socket.recv_wire(ex.sock, deferred)

@@ -48,7 +48,10 @@ def test_quick_benchmark_with_ray(tmp_path):
                            "--ray-batches", "64,128", "--json", str(out)], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ray_figures = json.loads(out.read_text())["figures"]["ray"]
-    assert ray_figures["channel"] == "actor"
+    assert ray_figures["channel"] == "auto"
+    # The default reaches a worker on the driver's node through its socket, one on another node by actor calls
+    assert ray_figures["overhead"]["socket_workers"] == [0]
+    assert ray_figures["overhead_other_node"]["socket_workers"] == []
     # Both placements, each with the bare actor on the transport worker's node (a fair comparison)
     assert ray_figures["overhead"]["node"] != ray_figures["overhead_other_node"]["node"]
     for over in (ray_figures["overhead"], ray_figures["overhead_other_node"]):

@@ -556,3 +556,37 @@ def test_a_worker_that_cannot_reach_the_drivers_socket_keeps_actor_calls(cluster
     finally:
         drt.close()
     _assert_nothing_left(drt)
+
+
+def test_an_interrupt_that_cuts_a_batch_short_fails_its_runs_and_hangs_nothing(cluster, monkeypatch):
+    """Ctrl-C inside a socket write that could not defer it (between two of its calls): that worker's runs fail
+    with WorkerDiedError instead of waiting for replies that will never come, the other worker's batch still goes
+    out, every run ends, and close() leaves nothing."""
+    from engine.distributed import ray_socket
+
+    drt = _ray(P.slow, depth=2, transport=_on_the_drivers_node())
+    try:
+        zeros = np.zeros(2, np.float32)
+        np.testing.assert_array_equal(drt(zeros, 1), np.ones(2, np.float32))
+        real_send, cut = ray_socket.send_wire, []
+
+        def send_cut_once(sock, wire, deferred=None):
+            if not cut and threading.current_thread() is threading.main_thread():
+                cut.append(True)
+                raise KeyboardInterrupt
+            real_send(sock, wire, deferred)
+
+        monkeypatch.setattr(ray_socket, "send_wire", send_cut_once)
+        with pytest.raises(KeyboardInterrupt):
+            drt(zeros, 1)
+        assert cut and drt.broken
+        with pytest.raises(dist.WorkerDiedError, match="cut short by an interrupt"):
+            drt(zeros, 1)
+        idle = threading.Thread(target=drt._dispatcher.wait_idle, daemon=True)  # every run has ended
+        idle.start()
+        idle.join(DETECT)
+        assert not idle.is_alive()
+    finally:
+        monkeypatch.undo()
+        drt.close()
+    _assert_nothing_left(drt)

@@ -82,16 +82,23 @@ def test_large_batches_back_to_back_do_not_deadlock(pair):
 
 
 class _InterruptedOnce:
-    """A socket whose n-th recv_into is interrupted (KeyboardInterrupt) before it reads anything."""
+    """A socket whose n-th recv_into or sendmsg is interrupted (KeyboardInterrupt) before it moves anything."""
 
     def __init__(self, sock: socket.socket, n: int) -> None:
         self._sock, self._n = sock, n
 
-    def recv_into(self, view):
+    def _interrupt(self) -> None:
         self._n -= 1
         if self._n == 0:
             raise KeyboardInterrupt
+
+    def recv_into(self, view):
+        self._interrupt()
         return self._sock.recv_into(view)
+
+    def sendmsg(self, buffers, ancdata, flags):
+        self._interrupt()
+        return self._sock.sendmsg(buffers[:1], ancdata, flags)  # a buffer at a time: several calls a message
 
 
 def test_an_interrupt_in_the_middle_of_a_message_is_deferred_until_it_is_read(pair):
@@ -106,6 +113,18 @@ def test_an_interrupt_in_the_middle_of_a_message_is_deferred_until_it_is_read(pa
     ray_socket.send_wire(worker, pack(entries))
     with pytest.raises(KeyboardInterrupt):
         ray_socket.recv_wire(_InterruptedOnce(driver, 2))
+
+
+def test_an_interrupt_while_sending_is_deferred_until_the_message_is_sent(pair):
+    driver, worker = pair
+    entries = [(_call(1), ((0, np.arange(10, dtype=np.float32)),))]
+    deferred: list[BaseException] = []
+    ray_socket.send_wire(_InterruptedOnce(driver, 3), pack(entries, apart=True), deferred)
+    assert len(deferred) == 1 and isinstance(deferred[0], KeyboardInterrupt)
+    _arrays_equal(entries, unpack(ray_socket.recv_wire(worker)))  # whole, and nothing after it
+    worker.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        worker.recv(1)
 
 
 def test_a_peer_that_hangs_up_is_told_apart_from_one_that_breaks_off_a_message(pair):
