@@ -25,8 +25,9 @@ thread has to wake it; otherwise one pump thread serves every worker.
 Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60).
 "auto" (the default) reaches each worker Ray placed on the driver's node
 through a Unix-domain socket (ray_socket) and the others by plain actor
-calls: a small sync run 0.33 ms on the driver's node (0.63x a bare
-Compiled Graph step beside it, where an actor call costs 0.94 ms, 3.2x),
+calls: a small sync run 0.24-0.33 ms on the driver's node (0.63-0.79x a
+bare Compiled Graph step beside it, where an actor call costs 0.94-1.25 ms,
+3.2-4.2x),
 and the socket tells of a worker's death at once (its end closes).
 "actor" makes every batch a plain actor call (on another node 0.72-1.2x
 the bare step: the network's and Ray's cost, not the channel's).

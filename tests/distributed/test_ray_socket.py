@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import threading
 
@@ -125,6 +126,20 @@ def test_an_interrupt_while_sending_is_deferred_until_the_message_is_sent(pair):
     worker.setblocking(False)
     with pytest.raises(BlockingIOError):
         worker.recv(1)
+
+
+def test_ctrl_c_while_waiting_for_a_message_is_raised_and_leaves_the_stream_whole(pair):
+    """A real SIGINT to the main thread, asleep in wait_readable: KeyboardInterrupt, and the message that comes
+    after is read whole."""
+    driver, worker = pair
+    main = threading.main_thread().ident
+    assert threading.get_ident() == main
+    threading.Timer(0.3, signal.pthread_kill, (main, signal.SIGINT)).start()
+    with pytest.raises(KeyboardInterrupt):
+        ray_socket.wait_readable(driver)
+    ray_socket.send_wire(worker, b"after")
+    assert ray_socket.wait_readable(driver) == [driver]
+    assert ray_socket.recv_wire(driver) == b"after"
 
 
 def test_a_peer_that_hangs_up_is_told_apart_from_one_that_breaks_off_a_message(pair):
