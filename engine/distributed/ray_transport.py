@@ -282,17 +282,17 @@ class RayTransport(Transport):
         for i, actor in enumerate(self._actors):
             if self.node_ids[i] != here:
                 continue
-            listener = ray_socket.Listener()
+            listener = None
             try:
                 try:
+                    listener = ray_socket.Listener()
                     ray.get(actor.serve_local.remote(listener.address), timeout=_left(deadline))
-                except Exception as e:  # another network namespace, say: this worker keeps actor calls
-                    log.info("chip worker %d keeps Ray actor calls: its socket did not connect (%s)", i,
-                             _first_line(e))
-                    continue
-                self._sockets[i] = listener.accept(readies[i].pid, _left(deadline))
+                    self._sockets[i] = listener.accept(readies[i].pid, _left(deadline))
+                except Exception as e:  # another network or pid namespace, no abstract sockets: keep actor calls
+                    log.info("chip worker %d keeps Ray actor calls: no socket to it (%s)", i, _first_line(e))
             finally:
-                listener.close()
+                if listener is not None:
+                    listener.close()
 
     @property
     def socket_workers(self) -> list[int]:

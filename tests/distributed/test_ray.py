@@ -537,18 +537,24 @@ def test_an_interrupt_while_waiting_on_a_socket_leaves_the_run_to_the_pump(clust
     _assert_nothing_left(drt)
 
 
-def test_a_worker_that_cannot_reach_the_drivers_socket_keeps_actor_calls(cluster, monkeypatch):
-    """A worker on the driver's node that cannot connect (another network namespace, say) is served by actor
-    calls instead: the runtime starts and its runs are right."""
+@pytest.mark.parametrize("obstacle", ["unreachable", "other pid"])
+def test_a_worker_that_cannot_reach_the_drivers_socket_keeps_actor_calls(cluster, monkeypatch, obstacle):
+    """A worker on the driver's node that cannot connect (another network namespace) or whose connection comes
+    from a pid other than the one it reported (another pid namespace) is served by actor calls instead: the
+    runtime starts and its runs are right."""
     from engine.distributed import ray_socket
 
-    real_init = ray_socket.Listener.__init__
+    if obstacle == "unreachable":
+        real_init = ray_socket.Listener.__init__
 
-    def unreachable(self):
-        real_init(self)
-        self.address += "-elsewhere"  # what the worker is told: nobody listens there
+        def unreachable(self):
+            real_init(self)
+            self.address += "-elsewhere"  # what the worker is told: nobody listens there
 
-    monkeypatch.setattr(ray_socket.Listener, "__init__", unreachable)
+        monkeypatch.setattr(ray_socket.Listener, "__init__", unreachable)
+    else:
+        real_accept = ray_socket.Listener.accept
+        monkeypatch.setattr(ray_socket.Listener, "accept", lambda self, pid, timeout: real_accept(self, pid + 1, timeout))
     drt = _ray(P.slow, depth=2, transport=_on_the_drivers_node())
     try:
         assert drt._transport.socket_workers == []
