@@ -17,9 +17,10 @@ written with one gathered send where the socket takes it.
 Each end polls for SPIN_US before it sleeps on its socket (as the process
 transport's ends do), so a reply that comes back within that time finds
 its reader awake. The worker side (serve) reads a batch, runs it, and
-writes its replies without ever blocking on the write: a reply the socket cannot take at once
-goes to a writer thread, so the worker always goes back to reading and a
-driver sending its next batch never waits on a worker waiting on it.
+writes its replies without ever blocking on the write: a reply the socket
+cannot take at once goes to a writer thread, so the worker always goes
+back to reading and a driver sending its next batch never waits on a
+worker waiting on it.
 """
 
 from __future__ import annotations

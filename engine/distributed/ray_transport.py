@@ -27,8 +27,8 @@ Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60).
 through a Unix-domain socket (ray_socket) and the others by plain actor
 calls: a small sync run 0.24-0.33 ms on the driver's node (0.63-0.79x a
 bare Compiled Graph step beside it, where an actor call costs 0.94-1.25 ms,
-3.2-4.2x),
-and the socket tells of a worker's death at once (its end closes).
+3.2-4.2x), and the socket tells of a worker's death at once (its end
+closes).
 "actor" makes every batch a plain actor call (on another node 0.72-1.2x
 the bare step: the network's and Ray's cost, not the channel's).
 "compiled" sends batches through one Ray Compiled Graph per worker: a small
@@ -44,12 +44,13 @@ with it, so it is not the default.
 
 Faults. A worker whose actor or node dies fails the runs that need it with
 WorkerDiedError (through on_exit): a dead actor is seen within about a
-second (behind a socket: as soon as the driver reads it); a node that disappears within Ray's node health check (about 30 s by
-default). stop() tears the graphs down, kills every actor, waits until Ray
-reports them dead and removes the placement group (a worker's socket is
-shut down first: its serving thread ends, a driver reading it wakes). Ray itself is connected
-with ray.init(address) when it is not initialized yet, and stays connected
-for the process (ray.shutdown() ends it).
+second (behind a socket: as soon as the driver reads it); a node that
+disappears within Ray's node health check (about 30 s by default). stop()
+tears the graphs down, shuts the sockets (a worker's serving thread ends, a
+driver reading one wakes), kills every actor, waits until Ray reports them
+dead and removes the placement group. Ray itself is connected with
+ray.init(address) when it is not initialized yet, and stays connected for
+the process (ray.shutdown() ends it).
 """
 
 from __future__ import annotations
@@ -412,10 +413,12 @@ class RayTransport(Transport):
                 self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
             return
         except BaseException:  # an interrupt of a driving caller
-            if compiled:  # a compiled graph's result is read once: these replies are lost, and it is said
+            # A compiled graph's result is read once, and a socket's message was cut (recv_wire defers the
+            # interrupts it can): these replies are lost, and it is said.
+            if compiled or ex.sock is not None:
                 self._done_with(ex)
                 self._lost(w, f"chip worker {w}: its replies were lost to an interrupt of the thread reading them")
-            raise  # an actor call's result (a socket's message, not begun) stays under way for the next driver
+            raise  # an actor call's result stays under way for the next driver
         self._done_with(ex)
         self._take_replies(ex, replies)
         if deferred:
