@@ -38,6 +38,7 @@ import numpy as np
 
 from engine import _native
 from engine.distributed.ray_wire import Wire
+from engine.distributed.worker import DEFAULT_SPIN_US
 
 __all__ = ["Listener", "connect", "send_wire", "recv_wire", "serve", "wait_readable"]
 
@@ -47,7 +48,7 @@ _SOCKET_BYTES = 4 << 20  # send and receive buffers: a batch rarely waits for th
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
 # Either end polls this long for the next message before it sleeps, as the process transport's ends do: a
 # message that finds its reader asleep pays a wake-up first (tens of microseconds under a hypervisor).
-SPIN_US = 200
+SPIN_US = DEFAULT_SPIN_US
 
 
 class Listener:

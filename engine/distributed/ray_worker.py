@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import select
 import sys
 import threading
 from typing import Any
@@ -31,9 +30,10 @@ from typing import Any
 import numpy as np
 import ray
 
+from engine import _native
+from engine.distributed import ray_socket
 from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import WRITE
-from engine.distributed import ray_socket
 from engine.distributed.protocol import Call, Done, Ready, Setup, SetupFailed, portable_error
 from engine.distributed.ray_wire import Entry, Wire, pack, unpack
 from engine.distributed.worker import ChipHost
@@ -123,7 +123,7 @@ def run_batch(host: ChipHost, batch: Wire) -> list[Entry]:
         host.run_queued()  # this thread is one of the worker's executors (see worker.serve)
         completed = host.completed()
         if not completed:  # the rest is on the pool threads: they announce each run they complete
-            select.select([fd], [], [])
+            _native.wait_readable([fd], ray_socket.SPIN_US)  # polling first, as a worker process's serve() does
             continue
         for done in completed:
             msg = waiting.pop(done.seq)

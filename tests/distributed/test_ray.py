@@ -495,9 +495,10 @@ def _on_the_drivers_node(**kwargs) -> dist.RayTransport:
 
 def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights):
     """Both workers beside the driver: each has its socket (the driver waits on both at once), the data-parallel
-    MLP matches numpy with the same bytes moved as over Ray, and many callers and a submitter lose no reply."""
+    MLP matches numpy with the same bytes moved as over Ray (two pool threads a worker: the socket's thread
+    waits for the pool's completions), and many callers and a submitter lose no reply."""
     w1, w2 = weights
-    drt = _ray(P.dp_mlp, depth=3, bounds={"B": B}, transport=_on_the_drivers_node())
+    drt = _ray(P.dp_mlp, depth=3, bounds={"B": B}, worker_threads=2, transport=_on_the_drivers_node())
     try:
         assert drt._transport.socket_workers == [0, 1]
         x = randn(np.random.default_rng(2), B, P.D)
