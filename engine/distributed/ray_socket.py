@@ -25,6 +25,7 @@ worker waiting on it.
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
@@ -41,6 +42,8 @@ from engine.distributed.ray_wire import Wire
 from engine.distributed.worker import DEFAULT_SPIN_US
 
 __all__ = ["Listener", "connect", "send_wire", "recv_wire", "serve", "wait_readable"]
+
+log = logging.getLogger(__name__)
 
 _HEADER = struct.Struct("!QQ")  # the head's length, the array descriptions' length (0: no arrays apart)
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
@@ -219,6 +222,8 @@ def serve(sock: socket.socket, step: Callable[[Wire], Wire]) -> None:
             except (EOFError, OSError):
                 return
             writer.write(_buffers(step(batch)))
+    except BaseException:  # a batch this worker could not run or answer: the driver sees the socket close
+        log.exception("the socket's serving thread failed; closing the socket")
     finally:
         writer.close()
         sock.close()

@@ -408,7 +408,8 @@ class RayTransport(Transport):
         except Exception as e:
             self._done_with(ex)
             if ex.sock is not None and isinstance(e, (EOFError, ConnectionError)):
-                self._lost(w, f"chip worker {w} (Ray actor on the driver's node) died: its socket closed")
+                self._lost(w, f"chip worker {w} (Ray actor on the driver's node) is gone: its socket closed (the "
+                              "actor died, or its serving thread failed: see the actor's log)")
             else:
                 self._lost(w, f"chip worker {w} (Ray actor on node {self._node(w)}) failed: {_first_line(e)}")
             return

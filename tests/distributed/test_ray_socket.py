@@ -69,6 +69,24 @@ def test_batches_and_their_arrays_cross_whole(pair):
     assert worker.fileno() == -1
 
 
+def test_a_batch_the_worker_cannot_run_closes_its_socket_and_is_logged(pair, caplog):
+    """A failure escaping step() (not a Call's error: those are replies) ends serve(): it says why in the log
+    and closes the socket, so the driver reads EOF instead of waiting forever."""
+    driver, worker = pair
+
+    def broken(batch):
+        raise RuntimeError("no reply for this one")
+
+    served = threading.Thread(target=ray_socket.serve, args=(worker, broken), daemon=True)
+    served.start()
+    ray_socket.send_wire(driver, pack([(_call(1), ())]))
+    with pytest.raises(EOFError):
+        ray_socket.recv_wire(driver)
+    served.join(10)
+    assert not served.is_alive()
+    assert "serving thread failed" in caplog.text and "no reply for this one" in caplog.text
+
+
 def test_large_batches_back_to_back_do_not_deadlock(pair):
     """Two batches larger than the sockets' buffers sent before any reply is read: the worker never blocks on
     writing a reply while the driver blocks on sending it the next batch (its writer thread takes the rest)."""
