@@ -126,9 +126,7 @@ def _send(sock: socket.socket, bufs: list[Any], flags: int = 0,
         except BlockingIOError:
             return views
         except KeyboardInterrupt as e:  # raised before the call sent anything
-            if deferred is None:
-                raise
-            deferred.append(e)
+            _defer(e, deferred)
             continue
         while sent:
             n = len(views[0])
@@ -184,21 +182,18 @@ def recv_wire(sock: socket.socket, deferred: list[BaseException] | None = None) 
 
 def _read(sock: socket.socket, n: int, deferred: list[BaseException] | None, at_boundary: bool) -> bytes:
     buf = bytearray(n)
-    got = _read_into(sock, memoryview(buf), deferred, at_boundary)
-    assert got == n
+    _read_into(sock, memoryview(buf), deferred, at_boundary)
     return bytes(buf)
 
 
 def _read_into(sock: socket.socket, view: memoryview, deferred: list[BaseException] | None,
-               at_boundary: bool = False) -> int:
+               at_boundary: bool = False) -> None:
     got, n = 0, len(view)
     while got < n:
         try:
             k = sock.recv_into(view[got:])
-        except KeyboardInterrupt as e:
-            if deferred is None:
-                raise
-            deferred.append(e)
+        except KeyboardInterrupt as e:  # raised before the call read anything
+            _defer(e, deferred)
             continue
         if not k:
             if got == 0 and at_boundary:
@@ -206,7 +201,14 @@ def _read_into(sock: socket.socket, view: memoryview, deferred: list[BaseExcepti
             raise ConnectionError("the peer closed the socket in the middle of a message")
         got += k
         at_boundary = False
-    return got
+
+
+def _defer(interrupt: KeyboardInterrupt, deferred: list[BaseException] | None) -> None:
+    """Puts an interrupt that stopped a send or receive (before it moved a byte) in `deferred`, for the caller to
+    retry the call and raise it once the message is whole; without `deferred` it is raised."""
+    if deferred is None:
+        raise interrupt
+    deferred.append(interrupt)
 
 
 # -- the worker's end ---------------------------------------------------------------------------------

@@ -429,12 +429,12 @@ class RayTransport(Transport):
     def _first_back(under_way: deque[_Execution], compiled: bool) -> _Execution:
         """The execution whose replies to take next, once they are there (an interrupt while waiting leaves
         every execution under way)."""
-        import ray
-
         if compiled:  # a compiled graph's results are read in execution order
             return under_way[0]
         socks = [e.sock for e in under_way if e.sock is not None]
         if not socks:  # plain actor calls: whichever is back first
+            import ray
+
             ready, _ = ray.wait([e.ref for e in under_way], num_returns=1)
             return next(e for e in under_way if e.ref == ready[0])
         if len(socks) < len(under_way):  # sockets and actor calls: the oldest first
