@@ -322,6 +322,7 @@ def ray_overhead(runs: int, reps: int, channel: str, node: str) -> tuple[list[li
                                          "RayTransport ")
         figures["node"] = node
         figures["socket_workers"] = drt._transport.socket_workers  # "auto": [0] on the driver's node
+        figures["sharing_workers"] = drt._transport.sharing_workers  # of those, the ones mapping the regions
         return rows, figures
     finally:
         drt.close()

@@ -8,7 +8,10 @@ when the worker dies. So RayTransport's default channel connects each
 worker actor that Ray placed on the driver's node through one socket and
 uses actor calls only across nodes. The socket lives in Linux's abstract
 namespace (nothing on disk to clean up); the driver accepts only the worker
-process it asked, checked by its pid (SO_PEERCRED).
+process it asked, checked by its pid (SO_PEERCRED). Once connected, the
+driver hands the worker its regions' memory files (fds over SCM_RIGHTS,
+offer_regions/take_regions): the worker maps them in place of its copies, so
+a run's tensor bytes never cross the socket, as with the process transport.
 
 A message is a ray_wire Wire: a 16-byte header (the head's and the array
 descriptions' lengths), the head, the descriptions, then each array's bytes,
@@ -25,6 +28,7 @@ worker waiting on it.
 
 from __future__ import annotations
 
+import array
 import logging
 import os
 import pickle
@@ -41,7 +45,8 @@ from engine import _native
 from engine.distributed.ray_wire import Wire
 from engine.distributed.worker import DEFAULT_SPIN_US
 
-__all__ = ["Listener", "connect", "send_wire", "recv_wire", "serve", "wait_readable"]
+__all__ = ["Listener", "connect", "offer_regions", "take_regions", "answer_regions", "send_wire", "recv_wire", "serve",
+           "wait_readable"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +54,8 @@ _HEADER = struct.Struct("!QQ")  # the head's length, the array descriptions' len
 _IOV_MAX = 512  # buffers per sendmsg (Linux allows 1024)
 _SOCKET_BYTES = 4 << 20  # send and receive buffers: a batch rarely waits for the peer to read
 _PEERCRED = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_FDS = struct.Struct("!I")  # how many region fds ride on this message
+_FDS_PER_MESSAGE = 250  # Linux takes at most 253 fds (SCM_MAX_FD) in one message
 # Either end polls this long for the next message before it sleeps, as the process transport's ends do: a
 # message that finds its reader asleep pays a wake-up first (tens of microseconds under a hypervisor).
 SPIN_US = DEFAULT_SPIN_US
@@ -101,6 +108,56 @@ def connect(address: str) -> socket.socket:
 def _tune(sock: socket.socket) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, _SOCKET_BYTES)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _SOCKET_BYTES)
+
+
+# -- sharing the regions ------------------------------------------------------------------------------
+def offer_regions(sock: socket.socket, fds: list[int], timeout: float) -> bool:
+    """The driver's half of the handshake that follows connecting: sends the regions' memory (memfd fds, by
+    index) and returns whether the worker mapped them in place of its own copies (its one-byte answer).
+    TimeoutError when it does not answer within `timeout` s, EOFError or OSError when it hung up."""
+    for k in range(0, len(fds), _FDS_PER_MESSAGE) if fds else [0]:
+        chunk = fds[k:k + _FDS_PER_MESSAGE]
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", chunk))] if chunk else []
+        sock.sendmsg([_FDS.pack(len(chunk))], rights, socket.MSG_NOSIGNAL)  # 4 bytes: all sent, or an OSError
+    sock.settimeout(max(timeout, 0.001))
+    try:
+        answer = sock.recv(1)
+    except socket.timeout:
+        raise TimeoutError(f"the worker did not answer the regions' offer within {timeout:.1f} s") from None
+    finally:
+        sock.settimeout(None)
+    if not answer:
+        raise EOFError("the worker closed its socket instead of answering the regions' offer")
+    return answer == b"\x01"
+
+
+def take_regions(sock: socket.socket, count: int) -> list[int]:
+    """The worker's half: the fds of the driver's `count` regions (see offer_regions), which it then maps and
+    answers with answer_regions()."""
+    fds: list[int] = []
+    try:
+        while True:
+            data, got, flags, _ = socket.recv_fds(sock, _FDS.size, _FDS_PER_MESSAGE, socket.MSG_WAITALL)
+            fds.extend(got)
+            if len(data) < _FDS.size:
+                raise EOFError("the driver closed its socket during the regions' offer")
+            if flags & socket.MSG_CTRUNC or len(got) != _FDS.unpack(data)[0]:
+                raise ConnectionError(f"the regions' offer lost fds (got {len(got)}, flags {flags:#x})")
+            if len(fds) >= count:
+                break
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+    if len(fds) != count:
+        for fd in fds:
+            os.close(fd)
+        raise ConnectionError(f"the driver offered {len(fds)} regions, this worker has {count}")
+    return fds
+
+
+def answer_regions(sock: socket.socket, mapped: bool) -> None:
+    sock.sendall(b"\x01" if mapped else b"\x00")
 
 
 # -- messages -----------------------------------------------------------------------------------------

@@ -10,12 +10,17 @@ The actors are placed through one placement group (one bundle per worker;
 possible); `worker_options` passes actor options (num_cpus, resources,
 scheduling_strategy, ...) to all workers (a dict) or to each (a list).
 
-Data path. Every worker has its own copy of each slot's region; the host's
-copy is the reference. A Call carries the compact bytes of the region views
-it reads, its Done brings back the views it wrote, which the host writes
-into its region before handing the Done on. Resident tensors stay on their
-worker and never cross; a run whose arguments are all resident moves no
-tensor bytes (transfer_stats() counts what moved). A worker runs a batch of
+Data path. The host's regions are memory files (memfd). A worker on another
+node has its own copy of each slot's region; the host's copy is the
+reference: a Call carries the compact bytes of the region views it reads,
+its Done brings back the views it wrote, which the host writes into its
+region before handing the Done on. A worker on the driver's node maps the
+host's regions instead (their fds cross its socket when it connects), so its
+Calls carry no bytes and its kernels write the host's memory, as a worker
+process's do; if it cannot map them it keeps copies and its socket carries
+the bytes (sharing_workers says which map them). Resident tensors stay on
+their worker and never cross; a run whose arguments are all resident moves
+no tensor bytes (transfer_stats() counts what moved). A worker runs a batch of
 messages per call and replies once every Call of it has completed; messages
 queued meanwhile form the next batch. One thread at a time drives the
 workers (executes their batches and takes the replies): a sync call
@@ -27,8 +32,9 @@ Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60).
 through a Unix-domain socket (ray_socket) and the others by plain actor
 calls: a small sync run 0.24-0.33 ms on the driver's node (0.63-0.79x a
 bare Compiled Graph step beside it, where an actor call costs 0.94-1.25 ms,
-3.2-4.2x), and the socket tells of a worker's death at once (its end
-closes).
+3.2-4.2x; with the regions shared, 0.4-0.5x the bare step at 1-4 MB a run,
+whose arrays the bare step copies through its channel), and the socket
+tells of a worker's death at once (its end closes).
 "actor" makes every batch a plain actor call (on another node 0.72-1.2x
 the bare step: the network's and Ray's cost, not the channel's).
 "compiled" sends batches through one Ray Compiled Graph per worker: a small
@@ -56,6 +62,7 @@ the process (ray.shutdown() ends it).
 from __future__ import annotations
 
 import logging
+import mmap
 import os
 import socket
 import sys
@@ -86,13 +93,30 @@ _UNDER_WAY = 2  # batches under way per worker (a compiled graph's in-flight exe
 
 
 class _HostRegion(Region):
-    """The host's copy of a slot's region: plain memory (each worker keeps its own copy)."""
+    """The host's copy of a slot's region: a memory file (memfd) the host maps, which a worker on the driver's
+    node maps too (its fd crosses the worker's socket); a worker elsewhere keeps a copy of its own."""
 
     def __init__(self, index: int, nbytes: int) -> None:
         self.index = index
         self.name = f"ray-region-{index}"
         self.size = max(1, nbytes)
-        self.base = np.zeros(self.size, np.uint8)
+        self.fd: int | None = None  # open until the transport stops (a worker may still have to map it)
+        if hasattr(os, "memfd_create"):
+            self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
+            try:
+                os.ftruncate(self.fd, self.size)
+                # The array keeps the mapping: it is unmapped once no view of the region is left.
+                self.base = np.frombuffer(mmap.mmap(self.fd, self.size), np.uint8)
+            except BaseException:
+                os.close(self.fd)
+                raise
+        else:  # no memory files (not Linux): no worker shares the host's memory, and none needs to
+            self.base = np.zeros(self.size, np.uint8)
+
+    def close_file(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
 
     @property
     def buf(self) -> memoryview:
@@ -162,6 +186,7 @@ class RayTransport(Transport):
         self._watches: dict[Any, int] = {}  # a watch() ref -> its worker: it resolves when the actor dies
         self._dags: list[Any] = []
         self._sockets: list[socket.socket | None] = []  # per worker: its socket when it is on the driver's node
+        self._shared: list[bool] = []  # per worker: it maps the host's regions (through its socket)
         self._outboxes: list[deque[Any]] = []  # per worker, in order; guarded by _wake
         self._wake = threading.Condition()  # a message was queued, the driver role was given back, or stop()
         # The driver role: the one thread that executes batches and takes their replies (the pump, or a sync
@@ -251,6 +276,7 @@ class RayTransport(Transport):
             readies[i] = readies[i]._replace(clock_offset_ns=offset)
         self.node_ids = ray.get([a.node_id.remote() for a in self._actors], timeout=_left(deadline))
         self._sockets = [None] * n
+        self._shared = [False] * n
         if self.channel == "auto":
             self._connect_local(readies, deadline)
         self._watches = {a.watch.remote(): i for i, a in enumerate(self._actors)}
@@ -279,26 +305,38 @@ class RayTransport(Transport):
 
         if (self.address or "").startswith("ray://"):
             return  # a Ray client's driver is on no node of the cluster
+        fds = [r.fd for r in self._regions if r.fd is not None]
+        if len(fds) < len(self._regions):
+            return  # no memory files, so not Linux: no abstract sockets either
         here = ray.get_runtime_context().get_node_id()
         for i, actor in enumerate(self._actors):
             if self.node_ids[i] != here:
                 continue
-            listener = None
+            listener = sock = None
             try:
                 try:
                     listener = ray_socket.Listener()
                     ray.get(actor.serve_local.remote(listener.address), timeout=_left(deadline))
-                    self._sockets[i] = listener.accept(readies[i].pid, _left(deadline))
+                    sock = listener.accept(readies[i].pid, _left(deadline))
+                    self._shared[i] = ray_socket.offer_regions(sock, fds, _left(deadline))
+                    self._sockets[i], sock = sock, None
                 except Exception as e:  # another network or pid namespace, no abstract sockets: keep actor calls
                     log.info("chip worker %d keeps Ray actor calls: no socket to it (%s)", i, _first_line(e))
             finally:
                 if listener is not None:
                     listener.close()
+                if sock is not None:
+                    sock.close()
 
     @property
     def socket_workers(self) -> list[int]:
         """The workers reached through a socket on the driver's node (channel "auto")."""
         return [i for i, s in enumerate(self._sockets) if s is not None]
+
+    @property
+    def sharing_workers(self) -> list[int]:
+        """The socket workers that address the host's regions in place: no Call to them carries region bytes."""
+        return [i for i, shared in enumerate(self._shared) if shared]
 
     def _options(self, n: int) -> list[dict[str, Any]]:
         opts = self._worker_options
@@ -375,7 +413,7 @@ class RayTransport(Transport):
             if w in self._gone:
                 continue
             sock, ref = self._sockets[w], None
-            batch, calls, sent_bytes, sent_views = self._pack(msgs, sock is not None)
+            batch, calls, sent_bytes, sent_views = self._pack(msgs, sock is not None, self._shared[w])
             try:
                 if sock is not None:
                     ray_socket.send_wire(sock, batch, deferred)
@@ -449,9 +487,9 @@ class RayTransport(Transport):
         self._under_way.remove(ex)
         self._busy[ex.worker] -= 1
 
-    def _pack(self, msgs: list[Any], apart: bool) -> tuple[Wire, dict[int, Call], int, int]:
-        """A batch of messages, each Call with the compact bytes of the region views it reads (apart: see
-        ray_wire.pack)."""
+    def _pack(self, msgs: list[Any], apart: bool, shared: bool) -> tuple[Wire, dict[int, Call], int, int]:
+        """A batch of messages, each Call with the compact bytes of the region views it reads unless the worker
+        shares the regions (apart: see ray_wire.pack)."""
         bases = self._bases
         batch: list[Entry] = []
         calls: dict[int, Call] = {}
@@ -460,6 +498,9 @@ class RayTransport(Transport):
             reads: tuple[tuple[int, np.ndarray], ...] = ()
             if isinstance(m, Call):
                 calls[m.seq] = m
+                if shared:
+                    batch.append((m, reads))
+                    continue
                 reads = tuple((k, np.ascontiguousarray(_view(bases, m.args[k], False)))
                               for k in region_arguments(m.args, m.access, READ))
                 sent_views += len(reads)
@@ -587,8 +628,14 @@ class RayTransport(Transport):
             if self._stopped:
                 return
             self._stopped = True
-        if not self._started:
-            return
+        try:
+            if self._started:
+                self._stop_workers(timeout)
+        finally:
+            for region in self._regions:  # the mappings stay while a view of them lives
+                region.close_file()
+
+    def _stop_workers(self, timeout: float) -> None:
         import ray
         from ray.util.placement_group import remove_placement_group
 

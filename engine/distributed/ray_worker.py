@@ -12,7 +12,10 @@ replies it depends on are back (Transport.shares_memory).
 
 A worker on the driver's node serves its batches on a Unix-domain socket
 instead (serve_local, see ray_socket): the same step() on a thread of its
-own, which the driver then uses for every batch of this worker.
+own, which the driver then uses for every batch of this worker. Over that
+socket the driver first hands it its regions' memory files; mapped, they
+replace the worker's copies, so its Calls carry no bytes and its Done none
+back.
 
 watch() runs in its own concurrency group and returns only when the actor
 dies (it is never asked to): the host waits on it to learn of a death even
@@ -22,7 +25,9 @@ while no batch is under way.
 from __future__ import annotations
 
 import importlib.util
+import logging
 import os
+import socket
 import sys
 import threading
 from typing import Any
@@ -39,6 +44,8 @@ from engine.distributed.ray_wire import Entry, Wire, pack, unpack
 from engine.distributed.worker import ChipHost
 
 __all__ = ["ChipActor"]
+
+log = logging.getLogger(__name__)
 
 
 @ray.remote(concurrency_groups={"watch": 1})  # type: ignore[call-overload]  # Ray's stubs lack the option
@@ -85,8 +92,7 @@ class ChipActor:
         host = self._host
         assert host is not None
         sock = ray_socket.connect(address)
-        threading.Thread(target=ray_socket.serve, args=(sock, lambda batch: pack(run_batch(host, batch), apart=True)),
-                         name="tandem-ray-socket", daemon=True).start()
+        threading.Thread(target=_serve_local, args=(sock, host), name="tandem-ray-socket", daemon=True).start()
 
     def step(self, batch: Wire) -> Wire:
         """A batch's replies, once every Call of it has completed (both as ray_wire packs them)."""
@@ -96,6 +102,31 @@ class ChipActor:
     @ray.method(concurrency_group="watch")
     def watch(self) -> None:
         self._never.wait()
+
+
+def _serve_local(sock: socket.socket, host: ChipHost) -> None:
+    """A socket's serving thread: maps the regions the driver offers (its memory, so no Call carries bytes),
+    answers whether it did, then serves batches until the driver hangs up."""
+    try:
+        fds = ray_socket.take_regions(sock, host.region_count)
+    except (EOFError, OSError):
+        sock.close()  # the driver gave up on this socket (it keeps actor calls)
+        return
+    try:
+        host.map_regions(fds)
+        mapped = True
+    except Exception:  # the worker keeps its copies: Calls carry bytes, as over Ray
+        log.exception("the driver's regions could not be mapped; this worker keeps copies of them")
+        mapped = False
+    finally:
+        for fd in fds:
+            os.close(fd)
+    try:
+        ray_socket.answer_regions(sock, mapped)
+    except OSError:
+        sock.close()
+        return
+    ray_socket.serve(sock, lambda batch: pack(run_batch(host, batch), apart=True))
 
 
 def run_batch(host: ChipHost, batch: Wire) -> list[Entry]:
@@ -128,7 +159,7 @@ def run_batch(host: ChipHost, batch: Wire) -> list[Entry]:
         for done in completed:
             msg = waiting.pop(done.seq)
             writes: tuple[tuple[int, np.ndarray], ...] = ()
-            if done.error is None:
+            if done.error is None and host.local_regions:  # in the host's memory already when shared
                 writes = tuple((i, np.array(_view(host, msg.args[i], False)))
                                for i in region_arguments(msg.args, msg.access, WRITE))
             replies.append((done, writes))

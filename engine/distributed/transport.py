@@ -24,10 +24,11 @@ never fork, the host has threads) connected by multiprocessing.Pipe (an
 AF_UNIX socket pair), with the regions in POSIX shared memory that every
 worker maps, so a run's tensor bytes never travel through the pipe.
 engine.distributed.ray_transport.RayTransport places workers on Ray actors,
-possibly on other machines: its regions are host buffers with a copy on each
-worker (shares_memory is False), a Call carries the bytes of the region
+possibly on other machines (shares_memory is False): a worker on another
+node keeps a copy of each region, a Call carries the bytes of the region
 views it reads, and its Done brings back the views it wrote, which land in
-the host's region before on_message.
+the host's region before on_message; a worker on the driver's node maps the
+host's regions as a worker process does.
 """
 
 from __future__ import annotations

@@ -15,6 +15,7 @@ uses any of them and the engine's own tracker orders work that shares them.
 from __future__ import annotations
 
 import importlib
+import mmap
 import os
 import select
 import signal
@@ -133,7 +134,7 @@ class ChipHost:
         self._port = TaskPort(self, self._engine, self._engine.workers, no_callbacks=NO_HOST_CALLBACKS)
         self._allocs: dict[int, Allocation] = {}  # resident tensors and buffers, by device id
         # index -> (the shared memory mapped, or None for a local region; its bytes; its allocation)
-        self._regions: dict[int, tuple[SharedMemory | None, np.ndarray, Allocation]] = {}
+        self._regions: dict[int, tuple[SharedMemory | mmap.mmap | None, np.ndarray, Allocation]] = {}
         self._programs = [_Prepared(resolve_program(p.module, p.qualname), dict(p.bounds), p.scratch_bytes)
                           for p in setup.programs]
         self._pending: dict[int, tuple[int, _Prepared, Allocation | None, Any]] = {}
@@ -173,6 +174,41 @@ class ChipHost:
             base = np.frombuffer(shm.buf, np.uint8)
         buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + spec.index, base.ctypes.data, spec.size)
         self._regions[spec.index] = (shm, base, Allocation(self, buf, "shared"))
+
+    @property
+    def local_regions(self) -> bool:
+        """The regions are this process's copies (a transport ships their bytes), not the host's memory."""
+        return self._local_regions
+
+    @property
+    def region_count(self) -> int:
+        return len(self._regions)
+
+    def map_regions(self, fds: list[int]) -> None:
+        """Addresses the regions in the host's memory from now on, in place of this process's copies: `fds`
+        are memory files (memfd) of the regions, by index, which the caller still owns. Only before any
+        Call (a run's views would point at the copies)."""
+        if not self._local_regions or self._pending or self._views:
+            raise RuntimeError("chip worker: the regions can be mapped only before the first run, once")
+        if len(fds) != len(self._regions):
+            raise ValueError(f"chip worker: {len(fds)} region files for {len(self._regions)} regions")
+        maps = []
+        try:
+            for index, fd in zip(sorted(self._regions), fds):
+                size = self._regions[index][1].size
+                if os.fstat(fd).st_size != size:
+                    raise ValueError(f"chip worker: region {index}'s file has {os.fstat(fd).st_size} bytes, not "
+                                     f"{size}")
+                maps.append((index, mmap.mmap(fd, size)))
+        except BaseException:
+            for _, m in maps:
+                m.close()
+            raise
+        for index, m in maps:
+            base = np.frombuffer(m, np.uint8)
+            buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + index, base.ctypes.data, base.size)
+            self._regions[index] = (m, base, Allocation(self, buf, "shared"))
+        self._local_regions = False
 
     def region_bytes(self, index: int) -> np.ndarray:
         """The bytes of region `index` as this worker addresses them."""
@@ -297,7 +333,10 @@ class ChipHost:
         for alloc, shm in regions:
             alloc.freed = True
             if shm is not None:
-                shm.close()
+                try:
+                    shm.close()
+                except BufferError:  # a view of its bytes is still alive: it unmaps once that view is gone
+                    pass
 
 
 def resolve_program(module: str, qualname: str) -> Program:

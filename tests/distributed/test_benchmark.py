@@ -49,9 +49,11 @@ def test_quick_benchmark_with_ray(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     ray_figures = json.loads(out.read_text())["figures"]["ray"]
     assert ray_figures["channel"] == "auto"
-    # The default reaches a worker on the driver's node through its socket, one on another node by actor calls
-    assert ray_figures["overhead"]["socket_workers"] == [0]
-    assert ray_figures["overhead_other_node"]["socket_workers"] == []
+    # The default reaches a worker on the driver's node through its socket (mapping the driver's regions), one on
+    # another node by actor calls
+    here, there = ray_figures["overhead"], ray_figures["overhead_other_node"]
+    assert here["socket_workers"] == here["sharing_workers"] == [0]
+    assert there["socket_workers"] == there["sharing_workers"] == []
     # Both placements, each with the bare actor on the transport worker's node (a fair comparison)
     assert ray_figures["overhead"]["node"] != ray_figures["overhead_other_node"]["node"]
     for over in (ray_figures["overhead"], ray_figures["overhead_other_node"]):

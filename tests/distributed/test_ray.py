@@ -106,7 +106,12 @@ def test_spread_places_the_workers_on_different_nodes(dp, cluster):
 
 
 def test_data_parallel_matches_numpy_and_moves_only_what_runs_read_and_write(dp, weights):
+    """The worker on the other node gets the bytes its Call reads and sends back what it wrote; the worker beside
+    the driver addresses the host's regions in place: nothing crosses for it."""
     w1, w2 = weights
+    assert dp._transport.sharing_workers == dp._transport.socket_workers
+    copying = [i for i in range(2) if i not in dp._transport.sharing_workers]
+    assert len(copying) == 1
     rng = np.random.default_rng(1)
     for b in (B, 7, 1):  # uneven shards; at 1 worker 1 gets no rows
         x = randn(rng, b, P.D)
@@ -116,10 +121,11 @@ def test_data_parallel_matches_numpy_and_moves_only_what_runs_read_and_write(dp,
         np.testing.assert_allclose(y, mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
         moved_in = after["bytes_to_workers"] - before["bytes_to_workers"]
         moved_out = after["bytes_from_workers"] - before["bytes_from_workers"]
-        shards = 2 if b > 1 else 1
-        # each shard of x and both weights (staged per run: they are host arguments here) go in, y comes back
-        assert moved_in == x.nbytes + shards * (w1.nbytes + w2.nbytes)
-        assert moved_out == b * P.D * 4
+        rows = [len(s) for s in np.array_split(np.arange(b), 2)]
+        shard_bytes = [r * P.D * 4 for r in rows]
+        # a copying worker with rows: its shard of x and both weights (host arguments here) go in, its y comes back
+        assert moved_in == sum(shard_bytes[i] + w1.nbytes + w2.nbytes for i in copying if rows[i])
+        assert moved_out == sum(shard_bytes[i] for i in copying)
 
 
 def test_resident_weights_never_cross(cluster, weights):
@@ -135,8 +141,11 @@ def test_resident_weights_never_cross(cluster, weights):
             y = drt(x, w1s, w2s)
             np.testing.assert_allclose(y, mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
         after = drt.transfer_stats()
-        assert after["bytes_to_workers"] - before["bytes_to_workers"] == 3 * x.nbytes  # only x: never a weight
-        assert after["bytes_from_workers"] - before["bytes_from_workers"] == 3 * y.nbytes
+        # only the copying worker's shard of x (the other worker shares the host's regions): never a weight
+        shard = x.nbytes // 2
+        assert len(drt._transport.sharing_workers) == 1
+        assert after["bytes_to_workers"] - before["bytes_to_workers"] == 3 * shard
+        assert after["bytes_from_workers"] - before["bytes_from_workers"] == 3 * shard
         assert drt.memory_stats(worker_id=1)["bytes_in_use"] >= w1.nbytes + w2.nbytes
         for t in (*w1s, *w2s):
             drt.free_tensor(t)
@@ -493,20 +502,38 @@ def _on_the_drivers_node(**kwargs) -> dist.RayTransport:
                              **kwargs)
 
 
-def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights):
-    """Both workers beside the driver: each has its socket (the driver waits on both at once), the data-parallel
-    MLP matches numpy with the same bytes moved as over Ray (two pool threads a worker: the socket's thread
-    waits for the pool's completions), and many callers and a submitter lose no reply."""
+@pytest.mark.parametrize("regions", ["shared", "copied"])
+def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights, monkeypatch, regions):
+    """Both workers beside the driver: each has its socket (the driver waits on both at once) and the data-parallel
+    MLP matches numpy (two pool threads a worker: the socket's thread waits for the pool's completions). Each
+    worker maps the host's regions, so no byte crosses; a worker that cannot map them (here: the driver offers
+    files of the wrong size) keeps its copies and the socket carries the bytes, as many as over Ray."""
+    from engine.distributed import ray_socket
+
+    if regions == "copied":
+        real_offer = ray_socket.offer_regions
+
+        def wrong_files(sock, fds, timeout):
+            wrong = [os.memfd_create("wrong-size") for _ in fds]  # empty: no region's size
+            try:
+                return real_offer(sock, wrong, timeout)
+            finally:
+                for fd in wrong:
+                    os.close(fd)
+
+        monkeypatch.setattr(ray_socket, "offer_regions", wrong_files)
     w1, w2 = weights
     drt = _ray(P.dp_mlp, depth=3, bounds={"B": B}, worker_threads=2, transport=_on_the_drivers_node())
     try:
         assert drt._transport.socket_workers == [0, 1]
+        assert drt._transport.sharing_workers == ([0, 1] if regions == "shared" else [])
         x = randn(np.random.default_rng(2), B, P.D)
         before = drt.transfer_stats()
         np.testing.assert_allclose(drt(x, w1, w2), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
         after = drt.transfer_stats()
-        assert after["bytes_to_workers"] - before["bytes_to_workers"] == x.nbytes + 2 * (w1.nbytes + w2.nbytes)
-        assert after["bytes_from_workers"] - before["bytes_from_workers"] == x.nbytes
+        copied = regions == "copied"
+        assert after["bytes_to_workers"] - before["bytes_to_workers"] == copied * (x.nbytes + 2 * (w1.nbytes + w2.nbytes))
+        assert after["bytes_from_workers"] - before["bytes_from_workers"] == copied * x.nbytes
         handles = [drt.submit(randn(np.random.default_rng(k), B, P.D), w1, w2) for k in range(8)]
         for k, h in enumerate(handles):
             xk = randn(np.random.default_rng(k), B, P.D)
@@ -514,6 +541,8 @@ def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights
     finally:
         drt.close()
     _assert_nothing_left(drt)
+    if regions == "copied":
+        return  # the rest does not depend on how the regions reach the workers
     slow = _ray(P.slow, depth=4, transport=_on_the_drivers_node())
     try:
         assert slow._transport.socket_workers == [0, 1]

@@ -195,3 +195,101 @@ def test_the_listener_accepts_only_the_worker_process_it_expects():
             listener.accept(os.getpid(), 0.2)
     finally:
         listener.close()
+
+
+def _open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("count", [0, 3, 300])  # 300: more than one message's fds
+def test_the_regions_offer_gives_the_worker_the_hosts_memory(pair, count):
+    """The driver offers its regions' memory files; the worker maps them and answers yes: what either writes, the
+    other reads. Every fd and mapping is gone afterwards."""
+    import mmap
+
+    driver, worker = pair
+    baseline = _open_fds()
+    files = [os.memfd_create(f"region-{i}", os.MFD_CLOEXEC) for i in range(count)]
+    for fd in files:
+        os.ftruncate(fd, 4096)
+    host_maps = [mmap.mmap(fd, 4096) for fd in files]
+    for i, m in enumerate(host_maps):
+        m[:4] = i.to_bytes(4, "little")
+
+    def work():
+        fds = ray_socket.take_regions(worker, count)
+        maps = [mmap.mmap(fd, 4096) for fd in fds]
+        for fd in fds:
+            os.close(fd)
+        for m in maps:
+            m[4:8] = m[:4]  # the worker echoes what the host wrote, in the host's memory
+            m.close()
+        ray_socket.answer_regions(worker, True)
+
+    t = threading.Thread(target=work, daemon=True)
+    t.start()
+    assert ray_socket.offer_regions(driver, files, 30.0) is True
+    t.join(30.0)
+    assert [int.from_bytes(m[4:8], "little") for m in host_maps] == list(range(count))
+    for m in host_maps:
+        m.close()
+    for fd in files:
+        os.close(fd)
+    assert _open_fds() == baseline
+
+
+def test_a_worker_that_does_not_map_the_regions_says_so_and_one_that_hangs_up_or_stays_silent_fails_the_offer(pair):
+    driver, worker = pair
+    fd = os.memfd_create("region", os.MFD_CLOEXEC)
+    try:
+        t = threading.Thread(target=lambda: (os.close(*ray_socket.take_regions(worker, 1)),
+                                             ray_socket.answer_regions(worker, False)), daemon=True)
+        t.start()
+        assert ray_socket.offer_regions(driver, [fd], 30.0) is False
+        t.join(30.0)
+        with pytest.raises(TimeoutError, match="did not answer"):
+            ray_socket.offer_regions(driver, [fd], 0.2)  # nobody reads on the worker's end
+        os.close(ray_socket.take_regions(worker, 1)[0])  # what that offer sent
+        worker.close()
+        with pytest.raises((EOFError, BrokenPipeError)):  # as the worker's close finds the offer read or not
+            ray_socket.offer_regions(driver, [fd], 30.0)
+    finally:
+        os.close(fd)
+
+
+def test_a_chip_host_maps_the_hosts_regions_in_place_of_its_copies():
+    """Before any run, a chip host with copies of the regions maps the host's memory files instead: its region bytes
+    are the host's from then on. A file of the wrong size or count is refused and changes nothing; a second
+    mapping is refused."""
+    import mmap
+
+    from engine.distributed.protocol import RegionSpec, Setup
+    from engine.distributed.worker import ChipHost
+
+    sizes = (64, 4096)
+    host = ChipHost(Setup(0, 1, 1 << 20, (), tuple(RegionSpec(i, f"r{i}", n) for i, n in enumerate(sizes))),
+                    local_regions=True)
+    files = [os.memfd_create(f"region-{i}", os.MFD_CLOEXEC) for i in range(len(sizes))]
+    try:
+        for fd, n in zip(files, sizes):
+            os.ftruncate(fd, n)
+        assert host.local_regions and host.region_count == 2
+        with pytest.raises(ValueError, match="1 region files for 2 regions"):
+            host.map_regions(files[:1])
+        with pytest.raises(ValueError, match="region 0's file has 4096 bytes, not 64"):
+            host.map_regions(files[::-1])
+        assert host.local_regions
+        copy = host.region_bytes(1)
+        host.map_regions(files)
+        assert not host.local_regions
+        views = [np.frombuffer(mmap.mmap(fd, n), np.uint8) for fd, n in zip(files, sizes)]
+        views[1][:3] = (7, 8, 9)
+        assert host.region_bytes(1)[:3].tolist() == [7, 8, 9] and copy[:3].tolist() == [0, 0, 0]
+        host.region_bytes(0)[-1] = 5
+        assert views[0][-1] == 5
+        with pytest.raises(RuntimeError, match="only before the first run, once"):
+            host.map_regions(files)
+    finally:
+        host.close()
+        for fd in files:
+            os.close(fd)
