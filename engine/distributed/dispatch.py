@@ -41,11 +41,12 @@ class Dispatcher:
     def __init__(self, transport: Transport, workers: int, post: Callable[[int], None],
                  now_ns: Callable[[], int]) -> None:
         self._transport = transport
-        # With shared memory a worker's later submission may follow an earlier one without waiting for
-        # its reply (the worker's engine orders them, and both see the same bytes). A transport that
-        # copies bytes must wait: the later one's inputs leave the host only once the earlier one's
-        # outputs are back in it.
-        self._same_worker_shortcut = transport.shares_memory
+        # Per worker: with shared memory a worker's later submission may follow an earlier one without
+        # waiting for its reply (the worker's engine orders them, and both see the same bytes). A worker
+        # that copies bytes must wait: the later one's inputs leave the host only once the earlier one's
+        # outputs are back in it. Known once the transport started (see workers_started). Indexed by
+        # executor: the last entry is the host callbacks' (HOST is -1), as before per-worker sharing.
+        self._same_worker_shortcut = [False] * (workers + 1)
         self._post = post  # announces a completed run id on the notifier
         self._now = now_ns
         self._lock = threading.Lock()
@@ -69,6 +70,12 @@ class Dispatcher:
         self._sender_queue: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._sender: threading.Thread | None = None
 
+    def workers_started(self) -> None:
+        """The transport started its workers: which of them share the host's memory is known now."""
+        transport = self._transport
+        self._same_worker_shortcut = [*(transport.shares_memory_with(w) for w in range(len(self._outboxes))),
+                                      transport.shares_memory]
+
     @property
     def broken(self) -> WorkerDiedError | None:
         return self._broken
@@ -88,7 +95,7 @@ class Dispatcher:
                 run.waiting = subs
                 for sub in subs:
                     for pred in self._tracker.add(sub):
-                        if pred.state == SENT and pred.worker == sub.worker and self._same_worker_shortcut:
+                        if pred.state == SENT and pred.worker == sub.worker and self._same_worker_shortcut[pred.worker]:
                             continue  # already queued to the same executor, which orders the two itself
                         pred.succs.append(sub)
                         sub.blocking += 1
@@ -142,7 +149,7 @@ class Dispatcher:
                 self._outboxes[sub.worker].append(Call(sub.seq, key, dims, args, access))
             keep = []
             for succ in sub.succs:  # those on the same executor need not wait for the reply
-                if succ.worker == sub.worker and self._same_worker_shortcut:
+                if succ.worker == sub.worker and self._same_worker_shortcut[succ.worker]:
                     succ.blocking -= 1
                     if succ.blocking == 0:
                         work.append(succ)

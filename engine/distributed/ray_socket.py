@@ -207,14 +207,27 @@ def send_wire(sock: socket.socket, wire: Wire, deferred: list[BaseException] | N
     _send(sock, _buffers(wire), 0, deferred)
 
 
-def wait_readable(*socks: socket.socket) -> list[socket.socket]:
+def wait_readable(*socks: socket.socket, poke: int = -1) -> list[socket.socket]:
     """Waits until a message begins on any of socks, polling for SPIN_US first (see serve); those it began on.
-    An interrupt here leaves the streams untouched."""
+    With `poke` (the read end of a non-blocking pipe) also until a byte arrives there: it is drained, and the
+    list may be empty. An interrupt here leaves the streams untouched."""
     fds = [s.fileno() for s in socks]
+    if poke >= 0:
+        fds.append(poke)
     while True:
         ready = _native.wait_readable(fds, SPIN_US)  # empty: a signal came, its handler runs on returning
         if ready:
-            return [socks[i] for i in ready]
+            if poke >= 0 and len(socks) in ready:
+                _drain(poke)
+            return [socks[i] for i in ready if i < len(socks)]
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def recv_wire(sock: socket.socket, deferred: list[BaseException] | None = None) -> Wire:

@@ -193,6 +193,11 @@ class RayTransport(Transport):
         # caller inside caller_reads()), by thread id; guarded by _wake. Only the driver touches these two:
         self._driver: int | None = None
         self._under_way: deque[_Execution] = deque()  # executions in the order they were started
+        # While the driver sleeps on its sockets' replies, a message queued for a worker with room for another
+        # batch wakes it through this pipe, so the batch goes out while the others run (see _first_back).
+        self._poke_r = self._poke_w = -1
+        self._driver_sleeps = False
+        self._poke_lock = threading.Lock()  # the pipe stays open while a sender writes to it
         self._busy: list[int] = []  # executions under way per worker
         self._role = CallerRole()  # the one thread inside caller_reads()
         self._on_message: OnMessage | None = None
@@ -291,6 +296,8 @@ class RayTransport(Transport):
                 self._dags.append(None)
         self._outboxes = [deque() for _ in range(n)]
         self._busy = [0] * n
+        if any(s is not None for s in self._sockets):
+            self._poke_r, self._poke_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._bases = [r.base for r in self._regions]
         self._on_message = on_message
         self._pump = threading.Thread(target=self._serve, name="tandem-ray-pump", daemon=True)
@@ -332,6 +339,9 @@ class RayTransport(Transport):
     def socket_workers(self) -> list[int]:
         """The workers reached through a socket on the driver's node (channel "auto")."""
         return [i for i, s in enumerate(self._sockets) if s is not None]
+
+    def shares_memory_with(self, worker: int) -> bool:
+        return self._shared[worker]
 
     @property
     def sharing_workers(self) -> list[int]:
@@ -395,8 +405,12 @@ class RayTransport(Transport):
         one driver execute them concurrently (Ray 2.60), and executions never block, so every worker with
         messages has its batch under way before the driver waits for the oldest one's replies. A worker
         has up to two batches under way, so that it starts the next as soon as it has replied to one (a
-        batch's Calls never depend on one under way: on this transport the dispatcher releases a Call
-        only once what it depends on is back); messages queued meanwhile go out together as the batch after.
+        batch's Calls depend on one under way only on a worker sharing the host's memory, whose engine
+        orders them: for a worker with copies the dispatcher releases a Call only once what it depends on
+        is back); messages queued meanwhile go out together as the batch after. A driver waiting on sockets
+        only wakes for such messages (a sender writes to the poke pipe), so their batch is on its worker
+        before the replies it waited for come back: with a 200 us step streamed at depth 2, 2.8-3.4k
+        against 1.7-2.4k runs/s.
         """
         import ray
 
@@ -437,6 +451,8 @@ class RayTransport(Transport):
         if not under_way:
             return
         ex = self._first_back(under_way, compiled)
+        if ex is None:
+            return  # the next round sends what was queued
         w = ex.worker
         try:
             if ex.sock is not None:
@@ -463,10 +479,9 @@ class RayTransport(Transport):
         if deferred:
             raise deferred[0]
 
-    @staticmethod
-    def _first_back(under_way: deque[_Execution], compiled: bool) -> _Execution:
+    def _first_back(self, under_way: deque[_Execution], compiled: bool) -> _Execution | None:
         """The execution whose replies to take next, once they are there (an interrupt while waiting leaves
-        every execution under way)."""
+        every execution under way); None when there is a batch to send first."""
         if compiled:  # a compiled graph's results are read in execution order
             return under_way[0]
         socks = [e.sock for e in under_way if e.sock is not None]
@@ -480,7 +495,18 @@ class RayTransport(Transport):
             if ex.sock is not None:
                 ray_socket.wait_readable(ex.sock)
             return ex
-        readable = ray_socket.wait_readable(*set(socks))  # sockets only: the oldest of a worker that replied
+        # Sockets only: the oldest of a worker that replied, or None when a message queued meanwhile can go out
+        # (its batch then runs on its worker while this driver waits for the others).
+        self._driver_sleeps = True
+        try:
+            with self._wake:
+                if self._sendable():  # queued before its sender could see this driver asleep
+                    return None
+            readable = ray_socket.wait_readable(*set(socks), poke=self._poke_r)
+        finally:
+            self._driver_sleeps = False
+        if not readable:
+            return None
         return next(e for e in under_way if e.sock in readable)
 
     def _done_with(self, ex: _Execution) -> None:
@@ -574,6 +600,13 @@ class RayTransport(Transport):
             self._outboxes[worker].append(message)
             if self._role.holder != threading.get_ident():  # a caller inside caller_reads() drives its own
                 self._wake.notify()
+        if self._driver_sleeps:
+            with self._poke_lock:
+                if self._poke_w >= 0:
+                    try:
+                        os.write(self._poke_w, b"!")
+                    except BlockingIOError:  # full: the driver has been poked already
+                        pass
         return True
 
     # -- a sync caller driving its own run -------------------------------------------------------------
@@ -666,6 +699,12 @@ class RayTransport(Transport):
             self._watcher.join()
         if self._pg is not None:
             _quietly(remove_placement_group, self._pg)
+        if pump is None or not pump.is_alive():  # else it may still wait on the pipe: left to the process
+            with self._poke_lock:
+                for fd in (self._poke_r, self._poke_w):
+                    if fd >= 0:
+                        os.close(fd)
+                self._poke_r = self._poke_w = -1
 
 
 def _bundle(options: Mapping[str, Any]) -> dict[str, float]:

@@ -6,9 +6,11 @@ message on a socket (below), as its channel says. step() applies the
 bytes a Call reads to this worker's copy of the region, starts the Call on
 its engine, serves memory calls at once, then waits until every Call of the
 batch has completed and returns the replies, each Done with the region views
-its Call wrote. A batch never holds a Call that depends on another of the
-same batch: with no shared memory the dispatcher sends a Call only once the
-replies it depends on are back (Transport.shares_memory).
+its Call wrote. With copies of the regions a batch never holds a Call that
+depends on another one under way: the dispatcher sends a Call only once the
+replies it depends on are back. A worker mapping the host's regions
+(shares_memory_with) may get it at once, in the same batch or the next: its
+engine orders the two, as a worker process's does.
 
 A worker on the driver's node serves its batches on a Unix-domain socket
 instead (serve_local, see ray_socket): the same step() on a thread of its

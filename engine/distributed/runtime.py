@@ -133,6 +133,7 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
             setups = [Setup(i, threads, memory_limit or 0, specs, region_specs) for i in range(workers)]
             readies = self._transport.start(setups, self._dispatcher.on_message, self._dispatcher.on_exit,
                                             float(startup_timeout))
+            self._dispatcher.workers_started()
             self.worker_threads = readies[0].threads
             self.pids = [r.pid for r in readies]
         except BaseException:

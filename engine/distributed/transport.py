@@ -10,6 +10,7 @@ The orchestration layer (dispatch, runtime) only ever calls this interface:
     alive(worker) -> bool             health
     stop(timeout)                     stop and reap every worker, remove every region
     shares_memory                     whether workers address the regions' bytes in place
+    shares_memory_with(worker)        whether that worker does (once started)
     transfer_stats() -> dict          what crossed between host and workers (counters)
     caller_reads() -> context         optional: the calling thread reads the replies it waits for
     read_until(done, timeout)         optional: reads replies on the calling thread until done()
@@ -78,6 +79,11 @@ class Transport(abc.ABC):
     # Workers address the regions' bytes in place (shared memory): nothing is copied per Call, and a
     # worker's later Call may be sent before the reply to its earlier one (see Dispatcher).
     shares_memory: bool = True
+
+    def shares_memory_with(self, worker: int) -> bool:
+        """Whether `worker` addresses the regions' bytes in place, once started (a transport may share memory
+        with some of its workers only)."""
+        return self.shares_memory
 
     @abc.abstractmethod
     def create_region(self, nbytes: int) -> Region:

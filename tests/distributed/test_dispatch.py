@@ -83,6 +83,42 @@ def test_work_released_by_a_reply_goes_out_through_the_sender_thread_in_order():
         d.close()
 
 
+class _SharingWith(_Refusing):
+    """A transport that shares the host's memory with worker 0 only (as RayTransport with a socket worker)."""
+
+    shares_memory = False
+
+    def shares_memory_with(self, worker: int) -> bool:
+        return worker == 0
+
+
+def test_a_worker_sharing_the_hosts_memory_gets_a_dependent_submission_before_the_reply_a_copying_one_after():
+    """Two runs writing the same bytes on one worker: to a worker sharing the host's memory the second is sent at
+    once (the worker's engine orders the two), to a worker with copies only once the first one's reply is back
+    (its outputs must reach the host first)."""
+    transport = _SharingWith()
+    d = Dispatcher(transport, 2, lambda run_id: None, time.monotonic_ns)
+    d.workers_started()
+    try:
+        for worker in (0, 1):
+            a = _Alloc()
+            runs = [_record(d) for _ in range(2)]
+            for k, run in enumerate(runs):
+                d.seal(run, [Submission(run, 0, worker, f"w{worker}r{k}", [(a, 0, 64, True)], (k, {}, (), ()))])
+            sent = [m for w, m, _t in transport.sent if w == worker]
+            assert [m.program for m in sent] == ([0, 1] if worker == 0 else [0])
+            d.on_message(worker, Done(sent[0].seq, None, 1, 2))
+            deadline = time.monotonic() + 10
+            while len([m for w, m, _t in transport.sent if w == worker]) < 2 and time.monotonic() < deadline:
+                time.sleep(0.001)
+            sent = [m for w, m, _t in transport.sent if w == worker]
+            assert [m.program for m in sent] == [0, 1]
+            d.on_message(worker, Done(sent[1].seq, None, 3, 4))
+            assert all(run.wait(10) and run.error is None for run in runs)
+    finally:
+        d.close()
+
+
 def test_host_submissions_are_never_sent_to_a_worker():
     transport = _Refusing()
     d = Dispatcher(transport, 2, lambda run_id: None, time.monotonic_ns)
