@@ -100,12 +100,13 @@ class _HostRegion(Region):
         self.index = index
         self.name = f"ray-region-{index}"
         self.size = max(1, nbytes)
-        self.fd: int | None = None  # open until the transport stops (a worker may still have to map it)
+        self.fd: int | None = None  # open until the workers started (one may map it); the mapping keeps its own
         if hasattr(os, "memfd_create"):
             self.fd = os.memfd_create(self.name, os.MFD_CLOEXEC)
             try:
                 os.ftruncate(self.fd, self.size)
-                # The array keeps the mapping: it is unmapped once no view of the region is left.
+                # The array keeps the mapping (and the descriptor mmap holds): both go once no view of the region
+                # is left.
                 self.base = np.frombuffer(mmap.mmap(self.fd, self.size), np.uint8)
             except BaseException:
                 os.close(self.fd)
@@ -284,6 +285,8 @@ class RayTransport(Transport):
         self._shared = [False] * n
         if self.channel == "auto":
             self._connect_local(readies, deadline)
+        for region in self._regions:  # offered to every worker that can map them: the mappings keep the memory
+            region.close_file()
         self._watches = {a.watch.remote(): i for i, a in enumerate(self._actors)}
         for actor in self._actors:
             if self.channel == "compiled":

@@ -12,6 +12,7 @@ on the default only (Ray 2.60's compiled graphs can abort the driver then). The 
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -69,6 +70,18 @@ def _assert_nothing_left(drt: dist.DistributedRuntime) -> None:
     if pg is not None:
         assert ray.util.placement_group_table(pg)["state"] == "REMOVED"
         _wait_for_no_bundles(pg.id.hex())
+
+
+def _region_files() -> set[int]:
+    """The memory files of RayTransport regions this process has open, by inode."""
+    files = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").startswith("/memfd:ray-region-"):
+                files.add(os.stat(f"/proc/self/fd/{fd}").st_ino)
+        except OSError:  # closed meanwhile
+            pass
+    return files
 
 
 def _wait_for_no_bundles(pg_hex: str) -> None:
@@ -523,8 +536,10 @@ def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights
 
         monkeypatch.setattr(ray_socket, "offer_regions", wrong_files)
     w1, w2 = weights
+    region_files = _region_files()  # earlier tests' runtimes may still hold theirs
     drt = _ray(P.dp_mlp, depth=3, bounds={"B": B}, worker_threads=2, transport=_on_the_drivers_node())
     try:
+        assert len(_region_files() - region_files) == 3  # one memory file per slot, held by its mapping
         assert drt._transport.socket_workers == [0, 1]
         assert drt._transport.sharing_workers == ([0, 1] if regions == "shared" else [])
         x = randn(np.random.default_rng(2), B, P.D)
@@ -541,6 +556,11 @@ def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights
     finally:
         drt.close()
     _assert_nothing_left(drt)
+    assert drt._transport._poke_r == -1
+    del drt, handles, h
+    gc.collect()  # the runtime; its finalizer then lets go of the transport, in a cycle with the dispatcher:
+    gc.collect()
+    assert not _region_files() - region_files  # the mappings went with the runtime
     if regions == "copied":
         return  # the rest does not depend on how the regions reach the workers
     slow = _ray(P.slow, depth=4, transport=_on_the_drivers_node())
