@@ -547,7 +547,8 @@ def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights
         np.testing.assert_allclose(drt(x, w1, w2), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
         after = drt.transfer_stats()
         copied = regions == "copied"
-        assert after["bytes_to_workers"] - before["bytes_to_workers"] == copied * (x.nbytes + 2 * (w1.nbytes + w2.nbytes))
+        moved_in = after["bytes_to_workers"] - before["bytes_to_workers"]
+        assert moved_in == copied * (x.nbytes + 2 * (w1.nbytes + w2.nbytes))
         assert after["bytes_from_workers"] - before["bytes_from_workers"] == copied * x.nbytes
         handles = [drt.submit(randn(np.random.default_rng(k), B, P.D), w1, w2) for k in range(8)]
         for k, h in enumerate(handles):
