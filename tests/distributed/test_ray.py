@@ -573,18 +573,20 @@ def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights
     _assert_nothing_left(slow)
 
 
-def test_a_run_queued_while_the_driver_waits_on_a_socket_goes_out_at_once(cluster):
-    """The pump waits on the socket for a long run's reply; a second run submitted meanwhile is sent to the worker
-    at once (the driver wakes for it), not when the first one's reply comes back. Then both complete."""
-    drt = _ray(P.slow, depth=2, workers=1, transport=_on_the_drivers_node())
+@pytest.mark.parametrize("channel", ["auto", "actor"])
+def test_a_run_queued_while_the_driver_waits_for_a_reply_goes_out_at_once(cluster, channel):
+    """The pump waits for a long run's reply (on the worker's socket, or an actor call); a second run submitted
+    meanwhile is sent to the worker at once (the driver wakes for it, or looks for it), not when the first one's
+    reply comes back. Then both complete."""
+    drt = _ray(P.slow, depth=2, workers=1, transport=_on_the_drivers_node(channel=channel))
     transport = drt._transport
     try:
-        assert transport.sharing_workers == [0]
+        assert transport.sharing_workers == ([0] if channel == "auto" else [])
         first = drt.submit(np.zeros(2, np.float32), 2_000_000_000)  # spins 2 s on the worker
         deadline = time.monotonic() + DETECT
         while transport._busy[0] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.1)  # the pump is asleep on the socket by now
+        time.sleep(0.1)  # the pump waits for the first one's reply by now
         second = drt.submit(np.zeros(2, np.float32), 1)
         sent_by = time.monotonic() + 1.0
         while transport._busy[0] < 2 and time.monotonic() < sent_by:
