@@ -90,9 +90,12 @@ _PLACEMENTS = {"spread": "SPREAD", "pack": "PACK"}
 _CHANNELS = ("auto", "actor", "compiled")
 _CHANNEL_BYTES = 64 << 10  # a compiled graph channel's first buffer
 _UNDER_WAY = 2  # batches under way per worker (a compiled graph's in-flight executions)
-# Waiting on actor calls only, the driver looks this often for a batch queued meanwhile (Ray waits on no pipe):
-# sent at once, it runs on its worker while the driver waits for the others' replies.
+# Waiting on actor calls only, the driver looks for a batch queued meanwhile (Ray waits on no pipe): sent at once,
+# it runs on its worker while the driver waits for the others' replies. The first look after this long, each next
+# one twice as late up to _ACTOR_LOOK_MAX_S (a look costs ~50 us of CPU: every millisecond through a long run
+# kept 4-5% of a core busy).
 _ACTOR_LOOK_S = 0.001
+_ACTOR_LOOK_MAX_S = 0.008
 
 
 class _HostRegion(Region):
@@ -416,8 +419,8 @@ class RayTransport(Transport):
         is back); messages queued meanwhile go out together as the batch after. A driver waiting on sockets
         only wakes for such messages (a sender writes to the poke pipe), so their batch is on its worker
         before the replies it waited for come back: with a 200 us step streamed at depth 2, 2.8-3.4k
-        against 1.7-2.4k runs/s. A driver waiting on actor calls only looks for such messages every
-        _ACTOR_LOOK_S (a 2 ms step on another node: 351-393 against 263-282 runs/s).
+        against 1.7-2.4k runs/s. A driver waiting on actor calls only looks for such messages now and
+        then (_ACTOR_LOOK_S: a 2 ms step on another node, 411-422 against 299-332 runs/s).
         """
         import ray
 
@@ -496,13 +499,15 @@ class RayTransport(Transport):
             import ray
 
             refs = [e.ref for e in under_way]
+            look = _ACTOR_LOOK_S
             while True:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=_ACTOR_LOOK_S)
+                ready, _ = ray.wait(refs, num_returns=1, timeout=look)
                 if ready:
                     return next(e for e in under_way if e.ref == ready[0])
                 with self._wake:
                     if self._sendable():
                         return None
+                look = min(2 * look, _ACTOR_LOOK_MAX_S)
         if len(socks) < len(under_way):  # sockets and actor calls: the oldest first
             ex = under_way[0]
             if ex.sock is not None:
