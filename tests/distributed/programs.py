@@ -111,6 +111,18 @@ def accumulate(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)), w
     orch.submit(add_into, x, acc, worker=worker)
 
 
+@engine.program
+def double_then_add(run: engine.Run, x: In(("B", D)), acc: InOut(("B", D))):
+    run.submit(K.scale, acc, out=acc, alpha=2.0)
+    run.submit(K.add, acc, x, out=acc)
+
+
+@dist.program
+def horner(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)), worker: Scalar(int)):
+    """acc = 2 acc + x on `worker`: the result says in which order the runs applied."""
+    orch.submit(double_then_add, x, acc, worker=worker)
+
+
 @dist.program
 def pinned_wrong(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D))):
     """Passes its resident argument to worker 1 whatever worker it lives on."""

@@ -598,6 +598,36 @@ def test_a_run_queued_while_the_driver_waits_for_a_reply_goes_out_at_once(cluste
     _assert_nothing_left(drt)
 
 
+def test_dependent_runs_on_a_worker_sharing_the_hosts_memory_apply_in_dispatch_order(cluster):
+    """Runs updating a resident tensor on a worker that maps the host's regions go out without waiting for each
+    other's replies (the worker's engine orders them): acc = 2 acc + x_k over 24 runs submitted back to back, then
+    as many streamed by AsyncRuntime, gives exactly the value of that order."""
+    drt = _ray(P.horner, depth=3, workers=1, bounds={"B": 2}, transport=_on_the_drivers_node())
+    try:
+        assert drt._transport.sharing_workers == [0]
+        assert drt._dispatcher._same_worker_shortcut[0]  # the path under test: no wait for the reply
+        acc = drt.alloc_tensor((2, P.D), init=np.zeros((2, P.D), np.float32), worker_id=0)
+        xs = [np.full((2, P.D), k % 5, np.float32) for k in range(24)]
+        expected = np.zeros((2, P.D), np.float32)
+        for x in xs:
+            expected = 2 * expected + x  # below 2**24 * 5: exact in float32
+        for h in [drt.submit(x, acc, 0) for x in xs]:
+            h.result(timeout=DETECT)
+        np.testing.assert_array_equal(acc.to_numpy(), expected)
+        streamed = drt.alloc_tensor((2, P.D), init=np.zeros((2, P.D), np.float32), worker_id=0)
+
+        async def stream():
+            async with AsyncRuntime(drt) as art:
+                async for _ in art.stream([(x, streamed, 0) for x in xs], depth=3):
+                    pass
+
+        anyio.run(stream)
+        np.testing.assert_array_equal(streamed.to_numpy(), expected)
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
 def test_an_interrupt_while_waiting_on_a_socket_leaves_the_run_to_the_pump(cluster, monkeypatch):
     """Ctrl-C while a sync call waits for its worker's socket: the call raises KeyboardInterrupt with nothing read
     from the socket, the pump takes the replies, and the runtime stays usable and loses nothing."""
