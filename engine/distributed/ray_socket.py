@@ -115,8 +115,8 @@ def offer_regions(sock: socket.socket, fds: list[int], timeout: float) -> bool:
     """The driver's half of the handshake that follows connecting: sends the regions' memory (memfd fds, by
     index) and returns whether the worker mapped them in place of its own copies (its one-byte answer).
     TimeoutError when it does not answer within `timeout` s, EOFError or OSError when it hung up."""
-    for k in range(0, len(fds), _FDS_PER_MESSAGE) if fds else [0]:
-        chunk = fds[k:k + _FDS_PER_MESSAGE]
+    chunks = [fds[k:k + _FDS_PER_MESSAGE] for k in range(0, len(fds), _FDS_PER_MESSAGE)] or [[]]
+    for chunk in chunks:  # no regions: one message saying so
         rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", chunk))] if chunk else []
         sock.sendmsg([_FDS.pack(len(chunk))], rights, socket.MSG_NOSIGNAL)  # 4 bytes: all sent, or an OSError
     sock.settimeout(max(timeout, 0.001))
