@@ -350,7 +350,7 @@ class RayTransport(Transport):
         return [i for i, s in enumerate(self._sockets) if s is not None]
 
     def shares_memory_with(self, worker: int) -> bool:
-        return self._shared[worker]
+        return worker < len(self._shared) and self._shared[worker]  # none before start()
 
     @property
     def sharing_workers(self) -> list[int]:
