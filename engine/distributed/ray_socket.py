@@ -43,6 +43,7 @@ import numpy as np
 
 from engine import _native
 from engine.distributed.ray_wire import Wire
+from engine.distributed.transport import WakePipe
 from engine.distributed.worker import DEFAULT_SPIN_US
 
 __all__ = ["Listener", "connect", "offer_regions", "take_regions", "answer_regions", "send_wire", "recv_wire", "serve",
@@ -145,14 +146,12 @@ def take_regions(sock: socket.socket, count: int) -> list[int]:
                 raise ConnectionError(f"the regions' offer lost fds (got {len(got)}, flags {flags:#x})")
             if len(fds) >= count:
                 break
+        if len(fds) != count:
+            raise ConnectionError(f"the driver offered {len(fds)} regions, this worker has {count}")
     except BaseException:
         for fd in fds:
             os.close(fd)
         raise
-    if len(fds) != count:
-        for fd in fds:
-            os.close(fd)
-        raise ConnectionError(f"the driver offered {len(fds)} regions, this worker has {count}")
     return fds
 
 
@@ -207,27 +206,19 @@ def send_wire(sock: socket.socket, wire: Wire, deferred: list[BaseException] | N
     _send(sock, _buffers(wire), 0, deferred)
 
 
-def wait_readable(*socks: socket.socket, poke: int = -1) -> list[socket.socket]:
+def wait_readable(*socks: socket.socket, poke: WakePipe | None = None) -> list[socket.socket]:
     """Waits until a message begins on any of socks, polling for SPIN_US first (see serve); those it began on.
-    With `poke` (the read end of a non-blocking pipe) also until a byte arrives there: it is drained, and the
-    list may be empty. An interrupt here leaves the streams untouched."""
+    With `poke` also until it is poked: then it is drained, and the list may be empty. An interrupt here leaves
+    the streams untouched."""
     fds = [s.fileno() for s in socks]
-    if poke >= 0:
-        fds.append(poke)
+    if poke is not None:
+        fds.append(poke.fd)
     while True:
         ready = _native.wait_readable(fds, SPIN_US)  # empty: a signal came, its handler runs on returning
         if ready:
-            if poke >= 0 and len(socks) in ready:
-                _drain(poke)
+            if poke is not None and len(socks) in ready:
+                poke.drain()
             return [socks[i] for i in ready if i < len(socks)]
-
-
-def _drain(fd: int) -> None:
-    try:
-        while os.read(fd, 4096):
-            pass
-    except BlockingIOError:
-        pass
 
 
 def recv_wire(sock: socket.socket, deferred: list[BaseException] | None = None) -> Wire:

@@ -79,7 +79,7 @@ from engine.distributed.memory import descriptor_view, region_arguments
 from engine.distributed.program import READ
 from engine.distributed.protocol import Call, Ready, Setup, SetupFailed
 from engine.distributed.ray_wire import Entry, Wire, pack, unpack
-from engine.distributed.transport import CallerReads, CallerRole, OnExit, OnMessage, Region, Transport
+from engine.distributed.transport import CallerReads, CallerRole, OnExit, OnMessage, Region, Transport, WakePipe
 
 
 __all__ = ["RayTransport"]
@@ -202,9 +202,8 @@ class RayTransport(Transport):
         self._under_way: deque[_Execution] = deque()  # executions in the order they were started
         # While the driver sleeps on its sockets' replies, a message queued for a worker with room for another
         # batch wakes it through this pipe, so the batch goes out while the others run (see _first_back).
-        self._poke_r = self._poke_w = -1
+        self._poke: WakePipe | None = None
         self._driver_sleeps = False
-        self._poke_lock = threading.Lock()  # the pipe stays open while a sender writes to it
         self._busy: list[int] = []  # executions under way per worker
         self._role = CallerRole()  # the one thread inside caller_reads()
         self._on_message: OnMessage | None = None
@@ -306,7 +305,7 @@ class RayTransport(Transport):
         self._outboxes = [deque() for _ in range(n)]
         self._busy = [0] * n
         if any(s is not None for s in self._sockets):
-            self._poke_r, self._poke_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._poke = WakePipe()
         self._bases = [r.base for r in self._regions]
         self._on_message = on_message
         self._pump = threading.Thread(target=self._serve, name="tandem-ray-pump", daemon=True)
@@ -417,7 +416,7 @@ class RayTransport(Transport):
         batch's Calls depend on one under way only on a worker sharing the host's memory, whose engine
         orders them: for a worker with copies the dispatcher releases a Call only once what it depends on
         is back); messages queued meanwhile go out together as the batch after. A driver waiting on sockets
-        only wakes for such messages (a sender writes to the poke pipe), so their batch is on its worker
+        only wakes for such messages (a sender pokes its WakePipe), so their batch is on its worker
         before the replies it waited for come back: with a 200 us step streamed at depth 2, 2.8-3.4k
         against 1.7-2.4k runs/s. A driver waiting on actor calls only looks for such messages now and
         then (_ACTOR_LOOK_S: a 2 ms step on another node, 411-422 against 299-332 runs/s).
@@ -520,7 +519,7 @@ class RayTransport(Transport):
             with self._wake:
                 if self._sendable():  # queued before its sender could see this driver asleep
                     return None
-            readable = ray_socket.wait_readable(*set(socks), poke=self._poke_r)
+            readable = ray_socket.wait_readable(*set(socks), poke=self._poke)
         finally:
             self._driver_sleeps = False
         if not readable:
@@ -533,18 +532,15 @@ class RayTransport(Transport):
 
     def _pack(self, msgs: list[Any], apart: bool, shared: bool) -> tuple[Wire, dict[int, Call], int, int]:
         """A batch of messages, each Call with the compact bytes of the region views it reads unless the worker
-        shares the regions (apart: see ray_wire.pack)."""
+        shares the regions; the Calls whose writes will come back, by seq (apart: see ray_wire.pack)."""
         bases = self._bases
         batch: list[Entry] = []
         calls: dict[int, Call] = {}
         sent_bytes = sent_views = 0
         for m in msgs:
             reads: tuple[tuple[int, np.ndarray], ...] = ()
-            if isinstance(m, Call):
+            if isinstance(m, Call) and not shared:
                 calls[m.seq] = m
-                if shared:
-                    batch.append((m, reads))
-                    continue
                 reads = tuple((k, np.ascontiguousarray(_view(bases, m.args[k], False)))
                               for k in region_arguments(m.args, m.access, READ))
                 sent_views += len(reads)
@@ -618,13 +614,8 @@ class RayTransport(Transport):
             self._outboxes[worker].append(message)
             if self._role.holder != threading.get_ident():  # a caller inside caller_reads() drives its own
                 self._wake.notify()
-        if self._driver_sleeps:
-            with self._poke_lock:
-                if self._poke_w >= 0:
-                    try:
-                        os.write(self._poke_w, b"!")
-                    except BlockingIOError:  # full: the driver has been poked already
-                        pass
+        if self._driver_sleeps and self._poke is not None:
+            self._poke.poke()
         return True
 
     # -- a sync caller driving its own run -------------------------------------------------------------
@@ -717,12 +708,8 @@ class RayTransport(Transport):
             self._watcher.join()
         if self._pg is not None:
             _quietly(remove_placement_group, self._pg)
-        if pump is None or not pump.is_alive():  # else it may still wait on the pipe: left to the process
-            with self._poke_lock:
-                for fd in (self._poke_r, self._poke_w):
-                    if fd >= 0:
-                        os.close(fd)
-                self._poke_r = self._poke_w = -1
+        if self._poke is not None and (pump is None or not pump.is_alive()):  # else the pump may still wait on it
+            self._poke.close()
 
 
 def _bundle(options: Mapping[str, Any]) -> dict[str, float]:

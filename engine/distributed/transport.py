@@ -53,7 +53,7 @@ from engine.distributed.protocol import Ready, Setup, SetupFailed, Stop, decode,
 from engine.distributed.wire import recv_message, send_message
 from engine.distributed.worker import DEFAULT_SPIN_US
 
-__all__ = ["Region", "Transport", "ProcessTransport", "OnMessage", "OnExit", "describe_exit"]
+__all__ = ["Region", "Transport", "ProcessTransport", "WakePipe", "OnMessage", "OnExit", "describe_exit"]
 
 OnMessage = Callable[[int, Any], None]
 OnExit = Callable[[int, str], None]
@@ -209,8 +209,7 @@ class ProcessTransport(Transport):
         self._send_locks: list[threading.Lock] = []
         self._gone: set[int] = set()
         self._thread: threading.Thread | None = None
-        self._wake_r, self._wake_w = os.pipe()
-        self._wake_lock = threading.Lock()  # the wake pipe stays open while a sender writes to it
+        self._wake = WakePipe()  # wakes the receiving thread
         # Requests sent and replies received per worker (each list has one writer: a worker's senders under its
         # send lock, the receiving thread): a reply is due while one exceeds the other.
         self._requests: list[int] = []
@@ -289,7 +288,7 @@ class ProcessTransport(Transport):
         exits_watched = {proc.sentinel: i for i, proc in enumerate(self._procs)}  # a sentinel leaves once reaped
         while True:
             replies = self._reply_fds
-            tail = [*exits_watched, self._wake_r]
+            tail = [*exits_watched, self._wake.fd]
             if self._receiver_reads:
                 self._receiver_quiet = False
                 spin = self.spin_us if self._reply_due() else 0
@@ -318,8 +317,8 @@ class ProcessTransport(Transport):
                         seen += self._take_reply(replies[k][1], seen)
                     continue
                 fd = fds[k]
-                if fd == self._wake_r:
-                    os.read(self._wake_r, 64)
+                if fd == self._wake.fd:
+                    self._wake.drain()
                     if self._stopping:
                         return
                 else:
@@ -428,9 +427,8 @@ class ProcessTransport(Transport):
             self._wake_receiver()
 
     def _wake_receiver(self) -> None:
-        with self._wake_lock:
-            if not self._stopped:
-                os.write(self._wake_w, b"r")
+        if not self._stopped:
+            self._wake.poke()
 
     def _reply_due(self) -> bool:
         """A worker still alive owes a reply (read by the receiving thread; racing a sender is harmless)."""
@@ -492,7 +490,7 @@ class ProcessTransport(Transport):
                     if proc.is_alive():
                         proc.kill()
                         proc.join()
-            os.write(self._wake_w, b"x")
+            self._wake.poke()
             if self._thread is not None and self._thread is not threading.current_thread():
                 self._thread.join()
             with self._read_lock:  # a caller between looks reads no connection from here on
@@ -506,14 +504,45 @@ class ProcessTransport(Transport):
                     proc.close()
             for region in self._regions:
                 region.destroy()
-            with self._wake_lock:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
+            self._wake.close()
 
 
 _NONBLOCKING_MAX = 16 << 10
 _QUIET_LOOK_MS = 50  # while a caller reads the replies, the receiving thread still looks this often
 _CALLER_LOOK_MS = 2  # a reading caller's longest sleep between looks at its run
+
+
+class WakePipe:
+    """A pipe that a thread asleep on its connections watches beside them (`fd`), and any thread pokes to wake
+    it. Non-blocking: a poke into a full pipe is dropped (the sleeper is woken already), and drain() takes
+    what is there in one read. Closed once under a lock, so a poke never writes to a closed (perhaps reused) descriptor."""
+
+    __slots__ = ("fd", "_w", "_lock")
+
+    def __init__(self) -> None:
+        self.fd, self._w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._lock = threading.Lock()
+
+    def poke(self) -> None:
+        with self._lock:
+            if self._w >= 0:
+                try:
+                    os.write(self._w, b"!")
+                except BlockingIOError:
+                    pass
+
+    def drain(self) -> None:
+        try:
+            os.read(self.fd, 4096)  # one read, as one wait reported it: more pokes than that wake the next wait
+        except BlockingIOError:
+            pass
+
+    def close(self) -> None:
+        with self._lock:
+            if self._w >= 0:
+                os.close(self.fd)
+                os.close(self._w)
+                self.fd = self._w = -1
 
 
 class CallerRole:

@@ -172,8 +172,12 @@ class ChipHost:
             shm = SharedMemory(name=spec.name)
             assert shm.buf is not None  # attached: mapped until closed
             base = np.frombuffer(shm.buf, np.uint8)
-        buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + spec.index, base.ctypes.data, spec.size)
-        self._regions[spec.index] = (shm, base, Allocation(self, buf, "shared"))
+        self._place_region(spec.index, shm, base)
+
+    def _place_region(self, index: int, mapping: SharedMemory | mmap.mmap | None, base: np.ndarray) -> None:
+        """Region `index` is `base` from now on (its bytes; `mapping` the memory behind it, closed with it)."""
+        buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + index, base.ctypes.data, base.size)
+        self._regions[index] = (mapping, base, Allocation(self, buf, "shared"))
 
     @property
     def local_regions(self) -> bool:
@@ -205,9 +209,7 @@ class ChipHost:
                 m.close()
             raise
         for index, m in maps:
-            base = np.frombuffer(m, np.uint8)
-            buf = _native.Buffer(self._device.uid, _SHARED_ID_BASE + index, base.ctypes.data, base.size)
-            self._regions[index] = (m, base, Allocation(self, buf, "shared"))
+            self._place_region(index, m, np.frombuffer(m, np.uint8))
         self._local_regions = False
 
     def region_bytes(self, index: int) -> np.ndarray:

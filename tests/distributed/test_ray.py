@@ -557,7 +557,7 @@ def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights
     finally:
         drt.close()
     _assert_nothing_left(drt)
-    assert drt._transport._poke_r == -1
+    assert drt._transport._poke is not None and drt._transport._poke.fd == -1  # closed
     del drt, handles, h
     gc.collect()  # the runtime; its finalizer then lets go of the transport, in a cycle with the dispatcher:
     gc.collect()
