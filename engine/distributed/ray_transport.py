@@ -69,6 +69,7 @@ import sys
 import threading
 import time
 from collections import deque
+from concurrent.futures import Future
 from typing import Any, Callable, ContextManager, Mapping, Sequence
 
 import numpy as np
@@ -90,12 +91,6 @@ _PLACEMENTS = {"spread": "SPREAD", "pack": "PACK"}
 _CHANNELS = ("auto", "actor", "compiled")
 _CHANNEL_BYTES = 64 << 10  # a compiled graph channel's first buffer
 _UNDER_WAY = 2  # batches under way per worker (a compiled graph's in-flight executions)
-# Waiting on actor calls only, the driver looks for a batch queued meanwhile (Ray waits on no pipe): sent at once,
-# it runs on its worker while the driver waits for the others' replies. The first look after this long, each next
-# one twice as late up to _ACTOR_LOOK_MAX_S (a look costs ~50 us of CPU: every millisecond through a long run
-# kept 4-5% of a core busy).
-_ACTOR_LOOK_S = 0.001
-_ACTOR_LOOK_MAX_S = 0.008
 
 
 class _HostRegion(Region):
@@ -133,7 +128,7 @@ class _HostRegion(Region):
 class _Execution:
     """One batch under way on one worker: what the pump needs when its replies come back."""
 
-    __slots__ = ("worker", "ref", "sock", "calls", "sent_bytes", "sent_views")
+    __slots__ = ("worker", "ref", "sock", "calls", "sent_bytes", "sent_views", "future")
 
     def __init__(self, worker: int, ref: Any, sock: socket.socket | None, calls: dict[int, Call], sent_bytes: int,
                  sent_views: int) -> None:
@@ -143,6 +138,13 @@ class _Execution:
         self.calls = calls
         self.sent_bytes = sent_bytes
         self.sent_views = sent_views
+        # An actor call's result as a future, once a driver waited on it beside sockets: its completion pokes the
+        # driver asleep on them (see RayTransport._first_back).
+        self.future: Future[Any] | None = None
+
+    def back(self, readable: list[socket.socket]) -> bool:
+        """Its replies can be taken without waiting: its socket is readable, or its actor call has completed."""
+        return self.sock in readable if self.sock is not None else self.future is not None and self.future.done()
 
 
 class RayTransport(Transport):
@@ -304,7 +306,7 @@ class RayTransport(Transport):
                 self._dags.append(None)
         self._outboxes = [deque() for _ in range(n)]
         self._busy = [0] * n
-        if any(s is not None for s in self._sockets):
+        if self.channel != "compiled":
             self._poke = WakePipe()
         self._bases = [r.base for r in self._regions]
         self._on_message = on_message
@@ -418,11 +420,8 @@ class RayTransport(Transport):
         is back); messages queued meanwhile go out together as the batch after. A driver waiting on sockets
         only wakes for such messages (a sender pokes its WakePipe), so their batch is on its worker
         before the replies it waited for come back: with a 200 us step streamed at depth 2, 2.8-3.4k
-        against 1.7-2.4k runs/s. A driver waiting on actor calls only looks for such messages now and
-        then (_ACTOR_LOOK_S: a 2 ms step on another node, 411-422 against 299-332 runs/s).
+        against 1.7-2.4k runs/s. An actor call completing pokes the same pipe (see _first_back).
         """
-        import ray
-
         compiled = self.channel == "compiled"
         under_way, busy = self._under_way, self._busy
         with self._wake:
@@ -466,8 +465,11 @@ class RayTransport(Transport):
         try:
             if ex.sock is not None:
                 replies = ray_socket.recv_wire(ex.sock, deferred)
+            elif compiled:
+                replies = ex.ref.get(timeout=-1)
             else:
-                replies = ex.ref.get(timeout=-1) if compiled else ray.get(ex.ref)
+                assert ex.future is not None  # an actor call's, done: _first_back returned it
+                replies = ex.future.result()
         except Exception as e:
             self._done_with(ex)
             if ex.sock is not None and isinstance(e, (EOFError, ConnectionError)):
@@ -493,38 +495,35 @@ class RayTransport(Transport):
         every execution under way); None when there is a batch to send first."""
         if compiled:  # a compiled graph's results are read in execution order
             return under_way[0]
-        socks = [e.sock for e in under_way if e.sock is not None]
-        if not socks:  # plain actor calls: whichever is back first, unless a batch can go out meanwhile
-            import ray
-
-            refs = [e.ref for e in under_way]
-            look = _ACTOR_LOOK_S
-            while True:
-                ready, _ = ray.wait(refs, num_returns=1, timeout=look)
-                if ready:
-                    return next(e for e in under_way if e.ref == ready[0])
-                with self._wake:
-                    if self._sendable():
-                        return None
-                look = min(2 * look, _ACTOR_LOOK_MAX_S)
-        if len(socks) < len(under_way):  # sockets and actor calls: the oldest first
-            ex = under_way[0]
-            if ex.sock is not None:
-                ray_socket.wait_readable(ex.sock)
-            return ex
-        # Sockets only: the oldest of a worker that replied, or None when a message queued meanwhile can go out
-        # (its batch then runs on its worker while this driver waits for the others).
+        socks = {e.sock for e in under_way if e.sock is not None}
+        # The oldest execution that is back, or None when a message queued meanwhile can go out (its batch then
+        # runs on its worker while this driver waits for the others' replies). The driver sleeps on the sockets
+        # and its WakePipe, which a sender poking it wakes and so does an actor call completing (a callback of
+        # the call's future, on Ray's thread): whatever mix of the two is under way, no reply waits behind
+        # another, and nothing polls (ray.wait with looks for queued batches kept 1% of a core busy through a
+        # long remote run, against 0.35% now; a 200 us step streamed to another node 0.91-1.06k against
+        # 0.81-0.87k runs/s).
         self._driver_sleeps = True
         try:
             with self._wake:
                 if self._sendable():  # queued before its sender could see this driver asleep
                     return None
-            readable = ray_socket.wait_readable(*set(socks), poke=self._poke)
+            for e in under_way:
+                if e.sock is None and e.future is None:
+                    e.future = e.ref.future()
+                    e.future.add_done_callback(self._poke_driver)
+            back = next((e for e in under_way if e.back([])), None)  # completed before this driver slept
+            if back is not None:
+                return back
+            readable = ray_socket.wait_readable(*socks, poke=self._poke)
         finally:
             self._driver_sleeps = False
-        if not readable:
-            return None
-        return next(e for e in under_way if e.sock in readable)
+        return next((e for e in under_way if e.back(readable)), None)
+
+    def _poke_driver(self, _: Any = None) -> None:
+        """Wakes the driver if it sleeps on its sockets (Ray calls it on its own thread when an actor call completes)."""
+        if self._driver_sleeps and self._poke is not None:
+            self._poke.poke()
 
     def _done_with(self, ex: _Execution) -> None:
         self._under_way.remove(ex)
@@ -614,8 +613,7 @@ class RayTransport(Transport):
             self._outboxes[worker].append(message)
             if self._role.holder != threading.get_ident():  # a caller inside caller_reads() drives its own
                 self._wake.notify()
-        if self._driver_sleeps and self._poke is not None:
-            self._poke.poke()
+        self._poke_driver()
         return True
 
     # -- a sync caller driving its own run -------------------------------------------------------------

@@ -137,6 +137,12 @@ def slow(orch: dist.Orchestrator, y: Out((2,)), ns: Scalar(int)):
 
 
 @dist.program
+def spin_on(orch: dist.Orchestrator, y: Out((1,)), ns: Scalar(int), worker: Scalar(int)):
+    """One worker spins for ns nanoseconds."""
+    orch.submit(spin, y, ns, worker=worker)
+
+
+@dist.program
 def fails_on_worker(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
     orch.submit(failing, x, y, worker=1)
 

@@ -468,11 +468,15 @@ def test_close_from_another_thread_drains_a_sync_call_it_drives(cluster):
 
 
 def test_an_interrupt_of_a_driving_caller_leaves_its_run_to_the_pump(cluster, monkeypatch):
-    """Ctrl-C while a sync call waits in Ray for its batch (actor channel): the call raises KeyboardInterrupt, the
-    execution stays under way and the pump takes its replies, so the runtime stays usable and loses nothing."""
+    """Ctrl-C while a sync call waits for its batches' actor calls (actor channel): the call raises
+    KeyboardInterrupt, the executions stay under way and the pump takes their replies, so the runtime stays usable
+    and loses nothing."""
+    from engine.distributed import ray_socket
+
     drt = _ray(P.slow, depth=2, transport=dist.RayTransport(channel="actor"))
     try:
-        _interrupt_a_driving_caller(drt, monkeypatch, ray, "get", 2)
+        assert drt._transport.socket_workers == []
+        _interrupt_a_driving_caller(drt, monkeypatch, ray_socket, "wait_readable", 2)
     finally:
         monkeypatch.undo()
         drt.close()
@@ -573,26 +577,58 @@ def test_workers_on_the_drivers_node_are_served_through_sockets(cluster, weights
     _assert_nothing_left(slow)
 
 
-@pytest.mark.parametrize("channel", ["auto", "actor"])
+@pytest.mark.parametrize("channel", ["auto", "actor", "mixed"])
 def test_a_run_queued_while_the_driver_waits_for_a_reply_goes_out_at_once(cluster, channel):
-    """The pump waits for a long run's reply (on the worker's socket, or an actor call); a second run submitted
-    meanwhile is sent to the worker at once (the driver wakes for it, or looks for it), not when the first one's
-    reply comes back. Then both complete."""
-    drt = _ray(P.slow, depth=2, workers=1, transport=_on_the_drivers_node(channel=channel))
+    """The pump waits for a long run's replies (on the workers' sockets, on actor calls, or on both: a worker on
+    each node); a second run submitted meanwhile is sent to the workers at once (the driver wakes for it, or looks
+    for it), not when the first one's replies come back. Then both complete."""
+    if channel == "mixed":
+        drt = _ray(P.slow, depth=2)  # spread: one worker beside the driver (a socket), one on the other node
+    else:
+        drt = _ray(P.slow, depth=2, workers=1, transport=_on_the_drivers_node(channel=channel))
     transport = drt._transport
+    n = drt.workers
     try:
-        assert transport.sharing_workers == ([0] if channel == "auto" else [])
-        first = drt.submit(np.zeros(2, np.float32), 2_000_000_000)  # spins 2 s on the worker
+        assert transport.sharing_workers == {"auto": [0], "actor": [], "mixed": transport.socket_workers}[channel]
+        assert len(transport.socket_workers) == {"auto": 1, "actor": 0, "mixed": 1}[channel]
+        first = drt.submit(np.zeros(2, np.float32), 2_000_000_000)  # spins 2 s on each worker
         deadline = time.monotonic() + DETECT
-        while transport._busy[0] < 1 and time.monotonic() < deadline:
+        while min(transport._busy) < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
-        time.sleep(0.1)  # the pump waits for the first one's reply by now
+        time.sleep(0.1)  # the pump waits for the first one's replies by now
         second = drt.submit(np.zeros(2, np.float32), 1)
         sent_by = time.monotonic() + 1.0
-        while transport._busy[0] < 2 and time.monotonic() < sent_by:
+        while min(transport._busy) < 2 and time.monotonic() < sent_by:
             time.sleep(0.005)
-        assert transport._busy[0] == 2 and not first.done  # under way beside the first, long before its reply
-        assert first.result(timeout=DETECT)[0] == 1 and second.result(timeout=DETECT)[0] == 1
+        assert transport._busy == [2] * n and not first.done  # under way beside the first, long before its replies
+        assert list(first.result(timeout=DETECT)[:n]) == [1] * n and list(second.result(timeout=DETECT)[:n]) == [1] * n
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
+
+
+@pytest.mark.parametrize("long_on", ["actor call", "socket"])
+def test_a_driver_waiting_on_sockets_and_actor_calls_takes_whichever_replies_first(cluster, long_on):
+    """One worker beside the driver (a socket), one on the other node (actor calls): a short run on one completes
+    while a long run on the other, submitted before it, is still under way (the driver does not wait for the
+    oldest execution first)."""
+    drt = _ray(P.spin_on, depth=2)
+    transport = drt._transport
+    try:
+        (socket_worker,) = transport.socket_workers
+        actor_worker = 1 - socket_worker
+        slow_w, fast_w = (actor_worker, socket_worker) if long_on == "actor call" else (socket_worker, actor_worker)
+        for w in (0, 1):  # both paths warm
+            assert drt(np.zeros(1, np.float32), 1, w)[0] == 1
+        long = drt.submit(np.zeros(1, np.float32), 3_000_000_000, slow_w)
+        deadline = time.monotonic() + DETECT
+        while transport._busy[slow_w] < 1 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.1)  # the pump waits for the long run's reply by now
+        t0 = time.monotonic()
+        assert drt.submit(np.zeros(1, np.float32), 1, fast_w).result(timeout=DETECT)[0] == 1
+        assert time.monotonic() - t0 < 1.5 and not long.done
+        assert long.result(timeout=DETECT)[0] == 1
     finally:
         drt.close()
     _assert_nothing_left(drt)
