@@ -209,12 +209,14 @@ def send_wire(sock: socket.socket, wire: Wire, deferred: list[BaseException] | N
 def wait_readable(*socks: socket.socket, poke: WakePipe | None = None) -> list[socket.socket]:
     """Waits until a message begins on any of socks, polling for SPIN_US first (see serve); those it began on.
     With `poke` also until it is poked: then it is drained, and the list may be empty. An interrupt here leaves
-    the streams untouched."""
+    the streams untouched. With no socket (a poke alone) it sleeps at once: nothing it waits for comes back as
+    soon as a socket's message can."""
     fds = [s.fileno() for s in socks]
     if poke is not None:
         fds.append(poke.fd)
+    spin = SPIN_US if socks else 0
     while True:
-        ready = _native.wait_readable(fds, SPIN_US)  # empty: a signal came, its handler runs on returning
+        ready = _native.wait_readable(fds, spin)  # empty: a signal came, its handler runs on returning
         if ready:
             if poke is not None and len(socks) in ready:
                 poke.drain()
