@@ -138,8 +138,8 @@ class _Execution:
         self.calls = calls
         self.sent_bytes = sent_bytes
         self.sent_views = sent_views
-        # An actor call's result as a future, once a driver waited on it beside sockets: its completion pokes the
-        # driver asleep on them (see RayTransport._first_back).
+        # An actor call's result as a future, once a driver waited on it: its completion pokes the driver asleep
+        # (see RayTransport._first_back).
         self.future: Future[Any] | None = None
 
     def back(self, readable: list[socket.socket]) -> bool:
@@ -417,10 +417,10 @@ class RayTransport(Transport):
         has up to two batches under way, so that it starts the next as soon as it has replied to one (a
         batch's Calls depend on one under way only on a worker sharing the host's memory, whose engine
         orders them: for a worker with copies the dispatcher releases a Call only once what it depends on
-        is back); messages queued meanwhile go out together as the batch after. A driver waiting on sockets
-        only wakes for such messages (a sender pokes its WakePipe), so their batch is on its worker
-        before the replies it waited for come back: with a 200 us step streamed at depth 2, 2.8-3.4k
-        against 1.7-2.4k runs/s. An actor call completing pokes the same pipe (see _first_back).
+        is back); messages queued meanwhile go out together as the batch after. A waiting driver wakes
+        for such messages (a sender pokes its WakePipe), so their batch is on its worker before the
+        replies it waited for come back: with a 200 us step streamed at depth 2 to a socket worker,
+        2.8-3.4k against 1.7-2.4k runs/s. An actor call completing pokes the same pipe (see _first_back).
         """
         compiled = self.channel == "compiled"
         under_way, busy = self._under_way, self._busy
@@ -521,7 +521,8 @@ class RayTransport(Transport):
         return next((e for e in under_way if e.back(readable)), None)
 
     def _poke_driver(self, _: Any = None) -> None:
-        """Wakes the driver if it sleeps on its sockets (Ray calls it on its own thread when an actor call completes)."""
+        """Wakes the driver if it sleeps in _first_back (also called by Ray, on its own thread, when an actor call
+        completes)."""
         if self._driver_sleeps and self._poke is not None:
             self._poke.poke()
 

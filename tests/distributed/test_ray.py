@@ -610,7 +610,7 @@ def test_a_run_queued_while_the_driver_waits_for_a_reply_goes_out_at_once(cluste
 @pytest.mark.parametrize("long_on", ["actor call", "socket"])
 def test_a_driver_waiting_on_sockets_and_actor_calls_takes_whichever_replies_first(cluster, long_on):
     """One worker beside the driver (a socket), one on the other node (actor calls): a short run on one completes
-    while a long run on the other, submitted before it, is still under way (the driver does not wait for the
+    while a 3 s run on the other, submitted before it, is still under way (the driver does not wait for the
     oldest execution first)."""
     drt = _ray(P.spin_on, depth=2)
     transport = drt._transport
@@ -625,9 +625,8 @@ def test_a_driver_waiting_on_sockets_and_actor_calls_takes_whichever_replies_fir
         while transport._busy[slow_w] < 1 and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(0.1)  # the pump waits for the long run's reply by now
-        t0 = time.monotonic()
         assert drt.submit(np.zeros(1, np.float32), 1, fast_w).result(timeout=DETECT)[0] == 1
-        assert time.monotonic() - t0 < 1.5 and not long.done
+        assert not long.done  # the short run's reply was taken before the long one's came back
         assert long.result(timeout=DETECT)[0] == 1
     finally:
         drt.close()
