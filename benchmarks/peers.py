@@ -171,8 +171,11 @@ class RayCompiledGraph:
 
         self._ray = ray
         self._work = work
-        # Two CPUs for Ray's bookkeeping: one actor needs one; the driver is not counted.
-        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        # Two CPUs for Ray's bookkeeping: one actor needs one; the driver is not counted. address="local": a
+        # private instance, never a cluster that RAY_ADDRESS or /tmp/ray/ray_current_cluster points at (a
+        # leftover of a killed run there would make ray.init refuse num_cpus, or measure someone else's cluster).
+        ray.init(address="local", num_cpus=2, include_dashboard=False, log_to_driver=False,
+                 logging_level=logging.ERROR)
         try:
             self._actor = ray.remote(num_cpus=1)(_device_actor(work.device_factory)).remote()
             ray.get(self._actor.step.remote(0))  # the actor is up before anything is timed
