@@ -30,7 +30,7 @@ thread has to wake it; otherwise one pump thread serves every worker.
 Channels, chosen by measurement (benchmarks/README.md, 2-core VM, Ray 2.60).
 "auto" (the default) reaches each worker Ray placed on the driver's node
 through a Unix-domain socket (ray_socket) and the others by plain actor
-calls: with the regions shared (Data path), a small sync run 0.09-0.16 ms on
+calls: with the regions shared (Data path), a small sync run 0.09-0.19 ms on
 the driver's node (0.36-0.65x a bare Compiled Graph step beside it, where an
 actor call costs 0.94-1.25 ms, 3.2-4.2x) and 0.38-0.50x the bare step at
 1-4 MB a run, whose arrays the bare step copies through its channel; and
