@@ -151,7 +151,8 @@ class RayTransport(Transport):
     """Chip workers as Ray actors: pass it as DistributedProgram.prepare(transport=...).
 
     address: the Ray cluster to connect to (None: what ray.init() finds or
-    starts; ignored when Ray is connected already). placement: "spread" or
+    starts; ignored when Ray is connected already); one nobody answers at,
+    given or found, raises ConnectionError at start(). placement: "spread" or
     "pack". worker_options: Ray actor options for every worker (a dict) or
     per worker (a sequence of dicts, one per worker); a worker given its own
     scheduling_strategy is placed by it rather than by the placement group.
@@ -257,8 +258,9 @@ class RayTransport(Transport):
         options = self._options(n)
         self._on_exit = on_exit
         if not ray.is_initialized():
-            if self.address not in (None, "auto", "local"):
-                _probe(self.address, _left(deadline))  # ray.init waits minutes on an address nobody answers
+            target = _ray_init_target(self.address)
+            if target is not None:
+                _probe(*target, _left(deadline))  # ray.init waits minutes on an address nobody answers
             ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False,
                      ignore_reinit_error=True)
         placed = [i for i in range(n) if "scheduling_strategy" not in options[i]]
@@ -728,17 +730,38 @@ def _view(bases: list[np.ndarray], desc: tuple[Any, ...], writable: bool) -> np.
     return descriptor_view(bases[desc[1]], desc, writable)
 
 
-def _probe(address: str, timeout: float) -> None:
+def _ray_init_target(address: str | None) -> tuple[str, str] | None:
+    """(the address ray.init(address) would connect to, where it came from), or None when it would start a
+    local instance. With no address Ray takes RAY_ADDRESS, then the cluster `ray start` (or a test's
+    ray.cluster_utils.Cluster) last wrote to ray_current_cluster in its temp dir: a leftover of one killed
+    there names a cluster that no longer answers, and ray.init would wait minutes on it."""
+    if address == "local":
+        return None
+    if address not in (None, "auto"):
+        return address, "address="
+    env = os.environ.get("RAY_ADDRESS")
+    if env:
+        return env, "RAY_ADDRESS"
+    try:  # the file Ray itself reads (its reader is not public API: a Ray without it skips this look)
+        from ray._private.utils import read_ray_address
+        from ray._common.utils import get_ray_address_file
+    except ImportError:
+        return None
+    found = read_ray_address()
+    return (found, get_ray_address_file(None)) if found else None
+
+
+def _probe(address: str, source: str, timeout: float) -> None:
     """ConnectionError unless something accepts TCP connections at `address` ("host:port" or
-    "ray://host:port") within `timeout` seconds."""
+    "ray://host:port") within `timeout` seconds; `source` says where the address came from."""
     target = address.split("://", 1)[-1]
     host, _, port = target.rpartition(":")
     if not host or not port.isdigit():
-        raise ValueError(f"address {address!r} is not of the form 'host:port' or 'ray://host:port'")
+        raise ValueError(f"address {address!r} (from {source}) is not of the form 'host:port' or 'ray://host:port'")
     try:
         socket.create_connection((host, int(port)), timeout=max(0.5, min(timeout, 10.0))).close()
     except OSError as e:
-        raise ConnectionError(f"no Ray cluster answers at {address} ({e})") from None
+        raise ConnectionError(f"no Ray cluster answers at {address} (from {source}; {e})") from None
 
 
 _CLOCK_PROBES = 8

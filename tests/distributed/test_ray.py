@@ -297,20 +297,33 @@ def test_a_worker_setup_error_is_reraised_and_nothing_is_left(cluster):
     _wait_for_no_bundles(transport.placement_group.id.hex())
 
 
-def test_an_unreachable_address_fails_fast_with_a_clear_error():
+@pytest.mark.parametrize("given", ["address=", "RAY_ADDRESS", "ray_current_cluster"])
+def test_an_unreachable_address_fails_fast_with_a_clear_error(given, tmp_path):
+    """However the address reaches ray.init: passed, in RAY_ADDRESS, or left in the file a killed `ray start` or
+    test cluster leaves behind (where ray.init itself would wait minutes)."""
+    address = "'127.0.0.1:9'" if given == "address=" else "None"
     code = ("import time, engine.distributed as dist\n"
             "from tests.distributed import programs as P\n"
             "t = time.monotonic()\n"
             "try:\n"
             "    P.dp_mlp.prepare(workers=2, bounds={'B': 4}, startup_timeout=5,\n"
-            "                     transport=dist.RayTransport(address='127.0.0.1:9'))\n"
+            f"                     transport=dist.RayTransport(address={address}))\n"
             "except ConnectionError as e:\n"
             "    print('ConnectionError', round(time.monotonic() - t), e)\n")
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    # Ray's own temp dir (and its ray_current_cluster) is left alone: this one is the test's.
+    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "RAY_TMPDIR", "TMPDIR")}
+    env["RAY_TMPDIR"] = str(tmp_path)
+    if given == "RAY_ADDRESS":
+        env["RAY_ADDRESS"] = "127.0.0.1:9"
+    elif given == "ray_current_cluster":
+        (tmp_path / "ray").mkdir()
+        (tmp_path / "ray" / "ray_current_cluster").write_text("127.0.0.1:9")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env,
                          cwd=os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
     assert out.stdout.startswith("ConnectionError"), out.stderr[-2000:]
     assert "no Ray cluster answers at 127.0.0.1:9" in out.stdout
+    if given != "address=":
+        assert given in out.stdout  # where the address came from
     assert int(out.stdout.split()[1]) < 15
 
 
