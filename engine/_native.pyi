@@ -187,6 +187,14 @@ class RunLog:
         """kind: 0 completed, 1 failed, 2 cancelled (anything else raises ValueError)."""
     def recent(self) -> list[tuple[int, int, int, int, int, int, int, int]]:
         """(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first."""
+    def summary(
+        self,
+    ) -> tuple[
+        tuple[int, int, int, int], tuple[int, int, int, int], tuple[int, int, int, int], tuple[int, int, int, int],
+        float | None,
+    ]:
+        """((p50, p90, p99, samples) in ns of admission_wait, orchestration, device and latency, overlap ratio or
+        None) over the window, as stats() reports them."""
     def launched(self) -> None: ...
     def counts(self) -> tuple[int, int, int, int]:
         """(launched, completed, failed, cancelled) of every run so far."""

@@ -72,6 +72,20 @@ void bind_observers(py::module_& m) {
           },
           "(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first")
       .def(
+          "summary",
+          [](const RunLog& log) {
+            WindowSummary w;
+            {
+              py::gil_scoped_release released;  // sorting a full window takes a while: other threads go on
+              w = log.summary();
+            }
+            auto pct = [](const WindowPercentiles& p) { return py::make_tuple(p.p50, p.p90, p.p99, p.samples); };
+            return py::make_tuple(pct(w.admission_wait), pct(w.orchestration), pct(w.device), pct(w.latency),
+                                  w.has_overlap ? py::cast(w.overlap_ratio) : py::none());
+          },
+          "((p50, p90, p99, samples) in ns of admission_wait, orchestration, device and latency, overlap ratio or "
+          "None) over the window, as stats() reports them")
+      .def(
           "since",
           [](const RunLog& log, uint64_t from) -> py::object {
             auto [first, records] = log.since(from);

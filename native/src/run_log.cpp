@@ -1,5 +1,9 @@
 #include "tandem/run_log.hpp"
 
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
 #include "tandem/errors.hpp"
 
 namespace tandem {
@@ -21,6 +25,87 @@ void DurationHistogram::add(int64_t ns) {
   ++counts[i];
   sum_ns += ns;
   ++count;
+}
+
+namespace {
+
+WindowPercentiles percentiles_of(std::vector<int64_t>& ns) {
+  WindowPercentiles out;
+  const size_t n = ns.size();
+  if (n == 0) return out;
+  // Nearest rank, ceil(p / 100 * n) - 1 in doubles; each selection leaves the smaller values before it, so
+  // the next (lower) rank is looked for among those only.
+  auto index = [n](double p) {
+    const auto k = static_cast<size_t>(std::ceil(p / 100.0 * static_cast<double>(n)));
+    return k == 0 ? 0 : k - 1;
+  };
+  auto end = ns.end();
+  for (auto [p, into] : {std::pair{99.0, &out.p99}, std::pair{90.0, &out.p90}, std::pair{50.0, &out.p50}}) {
+    const auto at = ns.begin() + static_cast<std::ptrdiff_t>(index(p));
+    std::nth_element(ns.begin(), at, end);
+    *into = *at;
+    end = at + 1;
+  }
+  out.samples = n;
+  return out;
+}
+
+using Spans = std::vector<std::pair<int64_t, int64_t>>;
+
+void sort_spans(Spans& spans) {
+  if (!std::is_sorted(spans.begin(), spans.end())) std::sort(spans.begin(), spans.end());  // usually they are
+}
+
+// The length of the union of [start, end) intervals sorted by start (empty ones count nothing). Each
+// interval adds what reaches past every earlier one's end: those all start at or before it, so what they
+// cover from its start on is one piece, up to the furthest end.
+int64_t covered(const Spans& spans) {
+  int64_t total = 0, reach = std::numeric_limits<int64_t>::min();
+  for (const auto& [start, end] : spans) {
+    if (end <= start) continue;
+    const int64_t from = std::max(start, reach);
+    if (end > from) total += end - from;
+    reach = std::max(reach, end);
+  }
+  return total;
+}
+
+}  // namespace
+
+WindowSummary summarize(const std::vector<RunTiming>& records) {
+  std::vector<int64_t> admission, orchestration, device, latency;
+  Spans host_busy, device_busy;
+  for (std::vector<int64_t>* v : {&admission, &orchestration, &device, &latency}) v->reserve(records.size());
+  host_busy.reserve(records.size());
+  device_busy.reserve(records.size());
+  for (const RunTiming& r : records) {
+    admission.push_back(r.admit_ns - r.dispatch_ns);
+    orchestration.push_back(r.sealed_ns - r.launch_ns);
+    host_busy.emplace_back(r.launch_ns, r.sealed_ns);
+    const bool ran = r.first_start_ns >= 0 && r.last_end_ns >= r.first_start_ns;
+    if (ran) device_busy.emplace_back(r.first_start_ns, r.last_end_ns);
+    if (r.kind != RunKind::Cancelled) {
+      if (ran) device.push_back(r.last_end_ns - r.first_start_ns);
+      latency.push_back(r.done_ns - r.dispatch_ns);
+    }
+  }
+  WindowSummary out;
+  out.admission_wait = percentiles_of(admission);
+  out.orchestration = percentiles_of(orchestration);
+  out.device = percentiles_of(device);
+  out.latency = percentiles_of(latency);
+  // |host ∩ device| = |host| + |device| - |host ∪ device|, each a union of intervals.
+  sort_spans(host_busy);
+  sort_spans(device_busy);
+  Spans either(host_busy.size() + device_busy.size());
+  std::merge(host_busy.begin(), host_busy.end(), device_busy.begin(), device_busy.end(), either.begin());
+  const int64_t busy = covered(device_busy);
+  if (busy > 0) {
+    const int64_t both = covered(host_busy) + busy - covered(either);
+    out.has_overlap = true;
+    out.overlap_ratio = static_cast<double>(both) / static_cast<double>(busy);
+  }
+  return out;
 }
 
 RunLog::RunLog(size_t window) {
@@ -62,6 +147,8 @@ std::vector<RunTiming> RunLog::recent() const {
   for (size_t i = 0; i < filled_; ++i) out.push_back(ring_[(start + i) % ring_.size()]);
   return out;
 }
+
+WindowSummary RunLog::summary() const { return summarize(recent()); }
 
 RunHistograms RunLog::histograms() const {
   std::lock_guard<std::mutex> lock(mu_);

@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import json
+import math
 from collections import defaultdict
 
 import anyio
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine import _native
 from engine.trace import ADMISSION_TID_BASE, DEVICE_PID, HOST_PID, chrome_trace
 from scheduler import AsyncRuntime, Stats
-from scheduler._metrics import overlap_ratio, percentiles
 
 from .conftest import PATIENCE_S, add, eventually, maybe_fail, tagged
 
@@ -131,13 +133,79 @@ async def test_overlap_ratio_sees_host_work_hidden_behind_the_device(gated_rt):
     assert s.device.p50 > 0
 
 
-def test_metric_helpers():
-    assert percentiles([]).samples == 0
-    p = percentiles(list(range(1, 101)))
-    assert (p.p50, p.p90, p.p99, p.samples) == (50e-9, 90e-9, 99e-9, 100)
-    assert overlap_ratio([], []) is None
-    assert overlap_ratio([(0, 5)], [(0, 10)]) == 0.5
-    assert overlap_ratio([(0, 3), (2, 6), (20, 30)], [(4, 8), (5, 7), (25, 35)]) == pytest.approx(7 / 14)
+# -- the window's statistics, against a plain reference -------------------------------------------
+def nearest_rank(values: list[int]) -> tuple[int, int, int, int]:
+    s = sorted(values)
+    if not s:
+        return (0, 0, 0, 0)
+    return (*(s[max(0, math.ceil(p / 100.0 * len(s)) - 1)] for p in (50, 90, 99)), len(s))
+
+
+def union(spans: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for start, end in sorted(spans):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], end))
+        else:
+            out.append((start, end))
+    return out
+
+
+def reference_summary(records: list[tuple[int, ...]]) -> tuple:
+    """What RunLog.summary() must say, computed the plain way: walking both interval unions."""
+    ran = [r for r in records if r[4] >= 0 and r[5] >= r[4]]
+    device = union([(r[4], r[5]) for r in ran])
+    host = union([(r[2], r[3]) for r in records])
+    both = sum(max(0, min(he, de) - max(hs, ds)) for hs, he in host for ds, de in device)
+    busy = sum(e - s for s, e in device)
+    return (nearest_rank([r[1] - r[0] for r in records]), nearest_rank([r[3] - r[2] for r in records]),
+            nearest_rank([r[5] - r[4] for r in ran if r[7] != 2]),
+            nearest_rank([r[6] - r[0] for r in records if r[7] != 2]),
+            both / busy if busy else None)
+
+
+def summary_of(records: list[tuple[int, ...]]) -> tuple:
+    log = _native.RunLog(max(1, len(records)))
+    for r in records:
+        log.record(*r)
+    return log.summary()
+
+
+times = st.integers(-5, 60)
+
+
+@st.composite
+def run_records(draw: st.DrawFn) -> tuple[int, ...]:
+    dispatch, admit, launch, sealed, done = (draw(times) for _ in range(5))
+    first = draw(st.sampled_from([-1, draw(times)]))
+    last = draw(st.sampled_from([-1, draw(times)]))  # some ran, some never did, some backwards
+    return (dispatch, admit, launch, sealed, first, last, done, draw(st.integers(0, 2)))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(run_records(), max_size=40))
+def test_window_summary_matches_a_plain_reference(records):
+    """Percentiles and the overlap ratio, native, equal what walking the records in Python gives: exactly."""
+    assert summary_of(records) == reference_summary(records)
+
+
+def test_window_summary_cases():
+    assert summary_of([])[4] is None  # no device time: no ratio
+    p = summary_of([(0, i, 0, 0, -1, -1, 0, 0) for i in range(1, 101)])[0]
+    assert p == (50, 90, 99, 100)  # nearest rank
+    # host [0, 5) against device [0, 10): half of the device's busy time had the host busy too
+    assert summary_of([(0, 0, 0, 5, 0, 10, 10, 0)])[4] == 0.5
+    host = [(0, 3), (2, 6), (20, 30)]
+    device = [(4, 8), (5, 7), (25, 35)]
+    records = [(0, 0, h[0], h[1], d[0], d[1], 40, 0) for h, d in zip(host, device)]
+    assert summary_of(records)[4] == pytest.approx(7 / 14)
+    # cancelled runs count towards admission and orchestration, not device or latency
+    assert summary_of([(0, 1, 0, 1, 0, 4, 9, 2)])[2:4] == ((0, 0, 0, 0), (0, 0, 0, 0))
+
+
+def test_run_log_window_and_counts():
     log = _native.RunLog(3)
     for i in range(5):  # (dispatch, admit, launch, sealed, first, last, done, kind)
         log.record(i, i, i, i, -1, -1, 10 * i, i % 3)

@@ -47,6 +47,24 @@ struct RunHistograms {
   DurationHistogram latency;         // dispatch to completion, completed and failed runs
 };
 
+// Nearest-rank percentiles of one duration over a window's runs, in ns (all 0 without samples).
+struct WindowPercentiles {
+  int64_t p50 = 0, p90 = 0, p99 = 0;
+  uint64_t samples = 0;
+};
+
+// What stats() reports over the window: the durations' percentiles (the runs each histogram above counts)
+// and the overlap ratio, the time the host orchestrated while the device was busy over the time the device
+// was busy (has_overlap false when the device never was).
+struct WindowSummary {
+  WindowPercentiles admission_wait, orchestration, device, latency;
+  bool has_overlap = false;
+  double overlap_ratio = 0.0;
+};
+
+// The summary of records (any order); RunLog::summary() is this over its window.
+WindowSummary summarize(const std::vector<RunTiming>& records);
+
 class RunLog final : public RunObserver {
  public:
   explicit RunLog(size_t window);  // window > 0
@@ -64,6 +82,8 @@ class RunLog final : public RunObserver {
   std::vector<RunTiming> recent() const;
   RunCounts counts() const;
   RunHistograms histograms() const;
+  // summarize(recent()): computed after the lock is let go, so recording runs never wait for it.
+  WindowSummary summary() const;
   // How many records were ever written (the next record's sequence number).
   uint64_t recorded() const;
   // The records with sequence number >= from still in the window, oldest first, and the sequence
