@@ -70,8 +70,7 @@ int64_t covered(const Spans& spans) {
   return total;
 }
 
-}  // namespace
-
+// The summary of records in any order (RunLog::summary() passes its window's).
 WindowSummary summarize(const std::vector<RunTiming>& records) {
   std::vector<int64_t> admission, orchestration, device, latency;
   Spans host_busy, device_busy;
@@ -107,6 +106,8 @@ WindowSummary summarize(const std::vector<RunTiming>& records) {
   }
   return out;
 }
+
+}  // namespace
 
 RunLog::RunLog(size_t window) {
   if (window == 0) throw InvalidArgument("a run log needs a window of at least one run");

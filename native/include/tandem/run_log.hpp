@@ -62,9 +62,6 @@ struct WindowSummary {
   double overlap_ratio = 0.0;
 };
 
-// The summary of records (any order); RunLog::summary() is this over its window.
-WindowSummary summarize(const std::vector<RunTiming>& records);
-
 class RunLog final : public RunObserver {
  public:
   explicit RunLog(size_t window);  // window > 0
