@@ -289,7 +289,7 @@ class Engine:
     @property
     def queued_tasks(self) -> int: ...
     def run_queued(self, stop_fd: SupportsIndex = -1) -> int:
-        """Runs queued tasks on this thread until none is queued or stop_fd is readable; how many ran."""
+        """Runs queued tasks on this thread until none is queued or stop_fd is readable (asked between tasks: at least one runs if any is queued); how many ran."""
     @property
     def closed(self) -> bool: ...
     @property

@@ -151,8 +151,11 @@ bool WorkerPool::help_until(const std::function<bool()>& done, const std::functi
 
 size_t WorkerPool::run_queued(const std::function<bool()>& interrupt, int index) {
   const auto any = [](const Task*) { return true; };
+  // `interrupt` is asked between tasks only, never before the first: a call with work queued always
+  // runs some, so a caller interrupted as often as it is called (a steady stream of messages) still
+  // makes progress, and how much a call runs does not hang on how fast the thread reached it.
   size_t ran = 0;
-  while (!interrupt()) {
+  for (;;) {
     Task* t = try_pop_if(any);
     if (t == nullptr) break;
     // A task's first ready dependent comes back to run here, as on a worker; asked to stop,
@@ -161,7 +164,11 @@ size_t WorkerPool::run_queued(const std::function<bool()>& interrupt, int index)
       t = runner_.run_task(t, index);
       ++ran;
     } while (t != nullptr && !interrupt());
-    if (t != nullptr) push(t);
+    if (t != nullptr) {
+      push(t);
+      break;
+    }
+    if (interrupt()) break;
   }
   return ran;
 }

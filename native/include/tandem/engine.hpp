@@ -103,8 +103,9 @@ class Engine final : public TaskRunner {
   // closed engine. Run::wait calls it.
   void help(Run& run, std::chrono::steady_clock::time_point deadline);
   // The driving thread of a caller_runs engine runs queued tasks (of any
-  // run) until none is queued or `interrupt()`, asked between tasks, is true.
-  // Returns how many ran; 0 on a closed engine.
+  // run) until none is queued or `interrupt()`, asked between tasks (not
+  // before the first: a call with work queued runs at least one task), is
+  // true. Returns how many ran; 0 on a closed engine.
   size_t run_queued(const std::function<bool()>& interrupt);
   // The same, interrupted once `stop_fd` is readable (a message for the
   // driver; polled at most every 20 us between tasks; -1: never).
