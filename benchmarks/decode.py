@@ -18,7 +18,12 @@ Both depths run side by side in one process, their repetitions interleaved
   measured steps (a stream's prefill step is longer than its decode steps: the
   mean, not the median, is what bounds the stream's tokens/s);
 - orchestration per step (p50 over the measured steps: staging and orchestration, from the
-  trace's host spans) and the host step alone.
+  trace's host spans) and the host step alone;
+- completion wake-ups: how often a completed step wrote the engine's notifier fd and how long
+  the device thread spent in those writes (engine stats notifier_writes / notifier_write_ns).
+  With the event loop asleep in epoll while the device runs, each write must wake a sleeping
+  CPU; under a hypervisor that costs the writer tens of us, between two steps' tasks, so it
+  is device time the bound below (from the task intervals) does not count.
 The overlap figure is depth 2's tokens/s over the bound 1 / max(T_host, T_device),
 taken per repetition over that repetition's own T's (the median of the repetitions):
 the machine's speed moves between repetitions, and a bound from one window over
@@ -164,9 +169,12 @@ class DepthRun:
         self.tokens_per_s.append(tokens / wall)
         return tokens / wall
 
-    def figures(self, completed: int) -> dict[str, Any]:
+    def figures(self, completed: int, wakeups: tuple[int, int]) -> dict[str, Any]:
+        """wakeups: the engine's (notifier_writes, notifier_write_ns) when the measured streams began."""
         spans, events = self.spans, self.events
         stats = self.dec.stats()
+        engine_stats = self.dec.runtime._engine.stats()  # type: ignore[union-attr]  # reaches in on purpose
+        steps = stats.completed - completed
         tps = self.tokens_per_s
         n_tokens = sum(len(r.tokens) for r in self.records)
         return {
@@ -177,7 +185,11 @@ class DepthRun:
             "orchestration_ms_p50": statistics.median(orchestration_per_run(spans)) / 1e6,
             "host_step_us_p50": statistics.median(ns for r in self.records for ns in r.host_step_ns) / 1e3,
             "scheduler_overlap_ratio": stats.overlap_ratio,
-            "steps": stats.completed - completed,
+            "steps": steps,
+            # Announcing a completed step to the event loop asleep in epoll: time the device thread spent
+            # writing the notifier's fd (not in T_device: it falls between the steps' tasks).
+            "wakeups_per_step": (engine_stats["notifier_writes"] - wakeups[0]) / steps,
+            "wakeup_us_per_step": (engine_stats["notifier_write_ns"] - wakeups[1]) / steps / 1e3,
             "overlap_per_rep": self.overlap,
         }
 
@@ -207,14 +219,16 @@ def measure(cfg: DecoderConfig, weights: dict[str, np.ndarray], vocab: ToyVocab,
         # the second ones learn each step's call signature; from the third on a step replays from its call.
         pair()
         pair()
-        completed = {}
+        completed, wakeups = {}, {}
         for depth, run in runs.items():
             run.records.clear()
             run.tokens_per_s.clear()
             run.dec.runtime.set_tracing(True)
             completed[depth] = run.dec.stats().completed
+            engine_stats = run.dec.runtime._engine.stats()  # type: ignore[union-attr]
+            wakeups[depth] = (engine_stats["notifier_writes"], engine_stats["notifier_write_ns"])
         speedup = repeat(pair, reps, warmup=0)
-        figures = {depth: run.figures(completed[depth])
+        figures = {depth: run.figures(completed[depth], wakeups[depth])
                    for depth, run in runs.items()}
     same = all(a.tokens == b.tokens for a, b in zip(runs[1].records, runs[2].records))
     return figures, speedup, same
@@ -351,6 +365,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"overlap figure: depth 2 reaches {overlap:.2f} of the bound 1/max(T_host, T_device) (median over "
           f"repetitions of each one's own bound; over all of them {bound:.0f} tokens/s, serial 1/(T_host + "
           f"T_device) = {serial:.0f} tokens/s)")
+    print(f"completion wake-ups at depth 2: {d2['wakeups_per_step']:.2f} a step, {d2['wakeup_us_per_step']:.1f} us of "
+          f"the device thread each step ({d2['wakeup_us_per_step'] / 1e3 / d2['t_device_ms']:.1%} of T_device; "
+          "waking the event loop asleep in epoll, outside T_device)")
     print("OK: depth 1 and depth 2 streamed the same tokens")
     if peers is not None:
         rates, threads = peers["tokens_per_s"], peers["threads"]

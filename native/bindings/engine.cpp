@@ -402,6 +402,8 @@ void bind_engine(py::module_& m) {
         d["tracker_allocations"] = s.tracker_allocations;
         d["queued"] = s.queued;
         d["workers"] = s.workers;
+        d["notifier_writes"] = s.notifier_writes;
+        d["notifier_write_ns"] = s.notifier_write_ns;
         return d;
       });
 }

@@ -544,6 +544,8 @@ EngineStats Engine::stats() const {
   }
   s.queued = pool_ ? pool_->queued() : 0;
   s.workers = pool_ ? pool_->size() : 0;
+  s.notifier_writes = notifier_.writes();
+  s.notifier_write_ns = notifier_.write_ns();
   return s;
 }
 

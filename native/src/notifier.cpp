@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 #include <stdexcept>
 #include <string>
@@ -26,10 +27,14 @@ void Notifier::push(uint64_t run_id) {
   if (signal) {
     // Only the first completion since the last drain writes: one wake-up per batch.
     const uint64_t one = 1;
+    const auto t0 = std::chrono::steady_clock::now();
     ssize_t rc;
     do {
       rc = ::write(fd_, &one, sizeof one);
     } while (rc < 0 && errno == EINTR);
+    const auto spent = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0);
+    write_ns_.fetch_add(static_cast<uint64_t>(spent.count()), std::memory_order_relaxed);
+    writes_.fetch_add(1, std::memory_order_relaxed);
   }
   cv_.notify_all();
 }

@@ -365,6 +365,30 @@ def test_notifier_fd_one_wakeup_delivers_every_completed_run(device, eng, kernel
     assert not eng.wait_completed(0.01)
 
 
+def test_notifier_counts_its_wakeups_and_the_time_they_took(device, eng, kernels):
+    before = eng.stats()
+    silent = eng.begin_run()  # notify=False: never written
+    eng.seal(silent)
+    assert silent.wait(10)
+    assert eng.stats()["notifier_writes"] == before["notifier_writes"]
+    for i in range(3):  # one write per batch: drained between runs, each completion writes again
+        run = eng.begin_run(notify=True)
+        eng.submit(run, kernels["noop"], [], [])
+        eng.seal(run)
+        assert eng.wait_completed(10)
+        assert eng.drain_completed() == [run.id]
+        stats = eng.stats()
+        assert stats["notifier_writes"] == before["notifier_writes"] + i + 1
+    assert stats["notifier_write_ns"] > before["notifier_write_ns"]
+    batch = [eng.begin_run(notify=True) for _ in range(5)]  # completed before a drain: one write for all
+    for run in batch:
+        eng.seal(run)
+    for run in batch:
+        assert run.wait(10)
+    assert sorted(eng.drain_completed()) == sorted(run.id for run in batch)
+    assert eng.stats()["notifier_writes"] == stats["notifier_writes"] + 1
+
+
 def test_wait_completed_blocks_until_a_run_completes(device, eng, kernels):
     run = eng.begin_run(notify=True)
     eng.submit(run, kernels["spin"], [], [], [5_000_000])

@@ -49,6 +49,8 @@ struct EngineStats {
   size_t tracker_allocations = 0;
   size_t queued = 0;
   int workers = 0;
+  uint64_t notifier_writes = 0;    // wake-ups of the notifier's fd (one per batch of completions)
+  uint64_t notifier_write_ns = 0;  // time the completing threads spent in those writes
 };
 
 // A kernel call checked and converted once, then submitted any number of
