@@ -328,8 +328,11 @@ Task* Engine::run_task(Task* t, int worker) {
     }
     const int64_t t1 = now_ns();
     run.busy_ns_.fetch_add(t1 - t0, std::memory_order_relaxed);
-    int64_t expected = -1;
-    run.first_start_ns_.compare_exchange_strong(expected, t0, std::memory_order_relaxed);
+    // Only the run's first task sets it: the others read it set and skip the locked exchange.
+    if (run.first_start_ns_.load(std::memory_order_relaxed) < 0) {
+      int64_t expected = -1;
+      run.first_start_ns_.compare_exchange_strong(expected, t0, std::memory_order_relaxed);
+    }
     int64_t last = run.last_end_ns_.load(std::memory_order_relaxed);
     while (last < t1 && !run.last_end_ns_.compare_exchange_weak(last, t1, std::memory_order_relaxed)) {
     }
@@ -343,15 +346,12 @@ Task* Engine::run_task(Task* t, int worker) {
     }
   }
 
-  std::vector<Task*> ready;
+  ReadyTasks ready;
   task_complete(t, ready);
   Task* next = nullptr;
   if (!ready.empty()) {
-    next = ready.front();
-    if (ready.size() > 1) {
-      std::vector<Task*> rest(ready.begin() + 1, ready.end());
-      pool_->push(rest);
-    }
+    next = ready.data()[0];
+    if (ready.size() > 1) pool_->push(ready.data() + 1, ready.size() - 1);
   }
   const bool run_done = run.outstanding_.fetch_sub(1, std::memory_order_acq_rel) == 1;
   task_unref(t);

@@ -8,7 +8,7 @@
 
 namespace tandem {
 
-void task_complete(Task* t, std::vector<Task*>& ready) {
+void task_complete(Task* t, ReadyTasks& ready) {
   std::vector<Task*> dependents;
   t->lock.lock();
   t->finished.store(true, std::memory_order_release);

@@ -51,17 +51,16 @@ void WorkerPool::push(Task* t) {
   if (helpers > 0) helper_cv_.notify_all();
 }
 
-void WorkerPool::push(const std::vector<Task*>& ts) {
-  if (ts.empty()) return;
+void WorkerPool::push(Task* const* ts, size_t n) {
+  if (n == 0) return;
   int workers, helpers;
   {
     std::lock_guard<std::mutex> lock(mu_);
-    for (Task* t : ts) queue_.push_back(t);
-    queued_.fetch_add(ts.size(), std::memory_order_relaxed);
+    queue_.insert(queue_.end(), ts, ts + n);
+    queued_.fetch_add(n, std::memory_order_relaxed);
     workers = sleeping_;
     helpers = helpers_sleeping_;
   }
-  const size_t n = ts.size();
   if (workers > 1 && n > 1) {
     cv_.notify_all();
   } else if (workers > 0) {

@@ -72,6 +72,22 @@ def test_conflicting_accesses_run_in_submission_order(device, eng, first, second
     assert rec.ended_before_started("a", "b")
 
 
+@pytest.mark.parametrize("readers", [1, 8, 9, 40])  # a completion readies up to 8 tasks inline, more spill
+def test_a_write_releases_every_task_waiting_for_it(device, eng, kernels, readers):
+    src = device.alloc(64)
+    outs = [device.alloc(64) for _ in range(readers)]
+    run = eng.begin_run()
+    eng.submit(run, kernels["spin"], [arg(src)], [READWRITE], [2_000_000])  # they all queue behind it
+    eng.submit(run, kernels["fill"], [arg(src)], [WRITE], [7.0])
+    for out in outs:  # each reads what the fill wrote: the fill's completion makes all of them ready at once
+        eng.submit(run, kernels["copy"], [arg(src), arg(out)], [READ, WRITE])
+    eng.seal(run)
+    assert run.wait(10) and not run.failed
+    for out in outs:
+        np.testing.assert_array_equal(read_vec(device, out), np.full(16, 7.0, np.float32))
+    assert eng.stats()["tasks_executed"] >= readers + 2
+
+
 def test_reads_of_the_same_bytes_and_disjoint_writes_run_concurrently(device, eng):
     buf = device.alloc(1024)
     barrier = threading.Barrier(2, timeout=5)

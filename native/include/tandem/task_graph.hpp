@@ -7,6 +7,7 @@
 // order and runs over disjoint memory execute concurrently.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -153,8 +154,32 @@ inline void task_unref(Task* t) {
   }
 }
 
-// Appends to `ready` the dependents whose last dependency was `t`.
-void task_complete(Task* t, std::vector<Task*>& ready);
+// The tasks one completion made ready: nearly always none, one or two (a chain, a fork), held inline
+// so that a worker completing a task allocates nothing; more spill to the heap.
+class ReadyTasks {
+ public:
+  void push_back(Task* t) {
+    if (size_ < kInline) {
+      inline_[size_++] = t;
+      return;
+    }
+    if (size_ == kInline) spill_.assign(inline_.begin(), inline_.end());
+    spill_.push_back(t);
+    ++size_;
+  }
+  bool empty() const { return size_ == 0; }
+  size_t size() const { return size_; }
+  Task* const* data() const { return size_ <= kInline ? inline_.data() : spill_.data(); }
+
+ private:
+  static constexpr size_t kInline = 8;
+  std::array<Task*, kInline> inline_{};
+  std::vector<Task*> spill_;
+  size_t size_ = 0;
+};
+
+// Adds to `ready` the dependents whose last dependency was `t`.
+void task_complete(Task* t, ReadyTasks& ready);
 // `t` runs after `dep` (nothing, if dep has finished). Inline: the tracker calls it per edge.
 inline void task_add_dependency(Task* dep, Task* t) {
   dep->lock.lock();

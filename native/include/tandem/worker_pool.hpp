@@ -37,7 +37,8 @@ class WorkerPool {
   WorkerPool& operator=(const WorkerPool&) = delete;
 
   void push(Task* t);
-  void push(const std::vector<Task*>& ts);
+  void push(const std::vector<Task*>& ts) { push(ts.data(), ts.size()); }
+  void push(Task* const* ts, size_t n);
   // Runs the queued tasks that mine() accepts on the calling thread (as worker
   // `index`) until done() or `deadline`. Idle, it polls for the spin time,
   // then sleeps until a task is queued or wake_helpers() is called. A ready
