@@ -183,10 +183,13 @@ class RunLog:
         last_end_ns: SupportsIndex,
         done_ns: SupportsIndex,
         kind: SupportsIndex,
+        busy_ns: SupportsIndex = -1,
     ) -> None:
-        """kind: 0 completed, 1 failed, 2 cancelled (anything else raises ValueError)."""
-    def recent(self) -> list[tuple[int, int, int, int, int, int, int, int]]:
-        """(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first."""
+        """kind: 0 completed, 1 failed, 2 cancelled (anything else raises ValueError); busy_ns: the run's task
+        time summed, -1 unknown."""
+    def recent(self) -> list[tuple[int, int, int, int, int, int, int, int, int]]:
+        """(dispatch, admit, launch, sealed, first_start, last_end, done, kind, busy) of the most recent runs, oldest
+        first."""
     def summary(
         self,
     ) -> tuple[
@@ -198,7 +201,7 @@ class RunLog:
     def launched(self) -> None: ...
     def counts(self) -> tuple[int, int, int, int]:
         """(launched, completed, failed, cancelled) of every run so far."""
-    def since(self, seq: SupportsIndex) -> tuple[int, list[tuple[int, int, int, int, int, int, int, int]]]:
+    def since(self, seq: SupportsIndex) -> tuple[int, list[tuple[int, int, int, int, int, int, int, int, int]]]:
         """(first, records): the records numbered seq and later still in the window, oldest first."""
     @property
     def recorded(self) -> int:

@@ -93,6 +93,9 @@ class RunRecord:
     last_end_ns: int
     done_ns: int
     outcome: str  # "completed", "failed" or "cancelled"
+    # Its tasks' execution time, summed: on one worker the device's busy time for it, which the span
+    # last_end_ns - first_start_ns exceeds by the gaps between its tasks (-1: not measured, a distributed run).
+    busy_ns: int = -1
 
 
 _OUTCOMES = ("completed", "failed", "cancelled")
@@ -103,7 +106,7 @@ def _percentiles(p50: int, p90: int, p99: int, samples: int) -> Percentiles:
 
 
 # Fields of one run's record (engine._native.RunLog.recent()).
-_T_DISPATCH, _T_ADMIT, _T_LAUNCH, _T_LAUNCHED, _FIRST, _LAST, _T_DONE, _KIND = range(8)
+_T_DISPATCH, _T_ADMIT, _T_LAUNCH, _T_LAUNCHED, _FIRST, _LAST, _T_DONE, _KIND, _BUSY = range(9)
 
 
 class Metrics:
@@ -134,7 +137,7 @@ class Metrics:
     def records(self, since: int) -> list[RunRecord]:
         first, records = self.log.since(since)
         return [RunRecord(first + i, r[_T_DISPATCH], r[_T_ADMIT], r[_T_LAUNCH], r[_T_LAUNCHED], r[_FIRST], r[_LAST],
-                          r[_T_DONE], _OUTCOMES[r[_KIND]]) for i, r in enumerate(records)]
+                          r[_T_DONE], _OUTCOMES[r[_KIND]], r[_BUSY]) for i, r in enumerate(records)]
 
     def snapshot(self) -> Stats:
         dispatched, completed, failed, cancelled = self.log.counts()

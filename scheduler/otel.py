@@ -12,7 +12,9 @@ Each finished run becomes a span "tandem.run" from its dispatch call to its
 completion, with child spans
   admission      dispatch call -> slot lease
   orchestration  orchestration start -> sealed run (staging included)
-  device         first task start -> last task end (only for runs that ran a task)
+  device         first task start -> last task end (only for runs that ran a task); its attribute
+                 tandem.device.busy_ns is the tasks' own time summed (a single-device runtime's runs),
+                 less than the span by the gaps between them
   completion     last task end (or the sealed run, when no task ran) -> completion
 and the attributes tandem.run.seq and tandem.run.outcome ("completed",
 "failed", "cancelled"), plus the constant `attributes`. A failed run's span
@@ -158,15 +160,16 @@ class RunSpanExporter:
         parent = trace.set_span_in_context(root)
         ran = r.first_start_ns >= 0 and r.last_end_ns >= r.first_start_ns  # -1: the device never ran it
 
-        def child(name: str, start_ns: int, end_ns: int) -> None:
+        def child(name: str, start_ns: int, end_ns: int, attrs: dict[str, AttributeValue] | None = None) -> None:
             # Clocks of different processes (the distributed runtime's) can disagree by a hair: never end early.
-            span = tracer.start_span(name, context=parent, start_time=start_ns + offset)
+            span = tracer.start_span(name, context=parent, start_time=start_ns + offset, attributes=attrs)
             span.end(end_time=max(start_ns, end_ns) + offset)
 
         child("admission", r.dispatch_ns, r.admit_ns)
         child("orchestration", r.launch_ns, r.sealed_ns)
-        if ran:
-            child("device", r.first_start_ns, r.last_end_ns)
+        if ran:  # the span covers the gaps between its tasks; busy is their own time, where measured
+            child("device", r.first_start_ns, r.last_end_ns,
+                  {"tandem.device.busy_ns": r.busy_ns} if r.busy_ns >= 0 else None)
         child("completion", r.last_end_ns if ran else r.sealed_ns, r.done_ns)
         root.end(end_time=end)
 

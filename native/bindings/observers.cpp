@@ -18,7 +18,7 @@ namespace tandem::bindings {
 namespace {
 py::tuple timing_tuple(const RunTiming& t) {
   return py::make_tuple(t.dispatch_ns, t.admit_ns, t.launch_ns, t.sealed_ns, t.first_start_ns, t.last_end_ns,
-                        t.done_ns, static_cast<int32_t>(t.kind));
+                        t.done_ns, static_cast<int32_t>(t.kind), t.busy_ns);
 }
 }  // namespace
 
@@ -55,13 +55,14 @@ void bind_observers(py::module_& m) {
       .def(
           "record",
           [](RunLog& log, int64_t dispatch_ns, int64_t admit_ns, int64_t launch_ns, int64_t sealed_ns,
-             int64_t first_start_ns, int64_t last_end_ns, int64_t done_ns, int32_t kind) {
+             int64_t first_start_ns, int64_t last_end_ns, int64_t done_ns, int32_t kind, int64_t busy_ns) {
             if (kind < 0 || kind > 2) throw InvalidArgument("run kind must be 0 (completed), 1 (failed) or 2 (cancelled)");
             log.record(RunTiming{dispatch_ns, admit_ns, launch_ns, sealed_ns, first_start_ns, last_end_ns, done_ns,
-                                 static_cast<RunKind>(kind)});
+                                 static_cast<RunKind>(kind), busy_ns});
           },
           py::arg("dispatch_ns"), py::arg("admit_ns"), py::arg("launch_ns"), py::arg("sealed_ns"),
           py::arg("first_start_ns"), py::arg("last_end_ns"), py::arg("done_ns"), py::arg("kind"),
+          py::arg("busy_ns") = -1,
           "A record for a run that is not a native one (the distributed runtime's)")
       .def(
           "recent",
@@ -70,7 +71,8 @@ void bind_observers(py::module_& m) {
             for (const RunTiming& t : log.recent()) out.append(timing_tuple(t));
             return out;
           },
-          "(dispatch, admit, launch, sealed, first_start, last_end, done, kind) of the most recent runs, oldest first")
+          "(dispatch, admit, launch, sealed, first_start, last_end, done, kind, busy) of the most recent runs, oldest "
+          "first")
       .def(
           "summary",
           [](const RunLog& log) {

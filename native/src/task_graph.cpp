@@ -118,6 +118,7 @@ void Run::finish(int64_t now_ns, Notifier* announce_to) {
       t.last_end_ns = last_end_ns_.load(std::memory_order_relaxed);
       t.done_ns = now_ns;
       t.kind = cancelled() ? RunKind::Cancelled : failed() ? RunKind::Failed : RunKind::Completed;
+      t.busy_ns = busy_ns_.load(std::memory_order_relaxed);
       observer_->on_run_done(t);
     }
     done_.store(true, std::memory_order_release);

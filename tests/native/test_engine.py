@@ -591,12 +591,13 @@ def test_a_sealed_run_records_its_kind_and_ordered_timings_in_its_log(eng, kerne
         assert r.wait(10)
     assert log.counts() == (3, 1, 1, 1)  # (launched, completed, failed, cancelled)
     records = {r[7]: r for r in log.recent()}
-    for kind, (dispatch, admit, launch, sealed, first, last, finished, _) in records.items():
+    for kind, (dispatch, admit, launch, sealed, first, last, finished, _, busy) in records.items():
         assert dispatch <= admit <= launch <= sealed <= finished, kind
         if kind == 2:
-            assert (first, last) == (-1, -1)  # no task ran
+            assert (first, last, busy) == (-1, -1, 0)  # no task ran: none took any time
         else:
             assert admit <= first <= last <= finished
+            assert 0 <= busy <= last - first  # the task's own time, within the run's device span
     # A run sealed already keeps what it had: a second seal_logged neither counts nor records it again.
     eng.seal_logged(done, log, t0, 0)
     assert log.counts() == (3, 1, 1, 1)

@@ -177,7 +177,9 @@ def test_a_run_reports_to_its_log_once_when_it_completes(eng):
     assert run.wait(10)
     assert log.counts() == (1, 1, 0, 0)
     (record,) = log.recent()
-    assert record[0] == t0 and record[-1] == 0
+    assert record[0] == t0 and record[7] == 0
+    # Its one task's time: measured by the engine whether or not anyone traces; within the run's device span.
+    assert 0 < record[8] <= record[5] - record[4]
     eng.seal_logged(run, log, t0, 0)  # sealed already: not reported again
     # Many runs completing on the workers at once: each recorded exactly once.
     runs = []
@@ -210,7 +212,7 @@ def test_run_log_histograms_cover_every_run_and_since_reads_on_from_a_cursor():
     assert h["latency"][2] == 2 and h["latency"][1] == 65_000
     assert log.recorded == 3 and len(log.recent()) == 2
     first, records = log.since(0)  # the first record left the window of two
-    assert first == 1 and [r[-1] for r in records] == [1, 2]
+    assert first == 1 and [r[7] for r in records] == [1, 2] and [r[8] for r in records] == [-1, -1]  # busy unknown
     assert log.since(2) == (2, records[1:]) and log.since(3) == (3, []) and log.since(99) == (3, [])
     log.record(0, 40_000, 0, 0, -1, -1, 10**11, 0)  # past every bound: the overflow bucket
-    assert log.histograms()["latency"][0][-1] == 1 and log.since(3)[1][0][-1] == 0
+    assert log.histograms()["latency"][0][-1] == 1 and log.since(3)[1][0][7] == 0

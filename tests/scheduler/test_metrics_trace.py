@@ -83,6 +83,11 @@ async def test_histograms_and_run_records_cover_every_run_beyond_the_window(make
     assert [r.seq for r in records] == [7, 8, 9, 10]  # the window of 4
     assert all(r.dispatch_ns <= r.admit_ns <= r.launch_ns <= r.sealed_ns <= r.done_ns <= now for r in records)
     assert records[-1].outcome in ("cancelled", "completed")
+    for r in records:  # what its tasks took, measured untraced: within its device span (0 if none ran)
+        if r.first_start_ns >= 0:
+            assert 0 < r.busy_ns <= r.last_end_ns - r.first_start_ns
+        else:
+            assert r.busy_ns == 0
     assert art.run_records(since=10) == records[-1:] and art.run_records(since=11) == []
 
 

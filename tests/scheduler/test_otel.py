@@ -98,6 +98,9 @@ async def test_each_run_is_a_span_with_its_phases(make_rt, memory):
         assert set(phases) == expected
         for child in phases.values():
             assert child.start_time <= child.end_time
+        if "device" in phases:  # its tasks' own time, within the span that also covers the gaps between them
+            device = phases["device"]
+            assert 0 <= device.attributes["tandem.device.busy_ns"] <= device.end_time - device.start_time
         assert root.start_time == phases["admission"].start_time
         assert phases["admission"].end_time <= phases["orchestration"].start_time
         assert phases["completion"].end_time == root.end_time

@@ -60,6 +60,9 @@ struct RunTiming {
   int64_t first_start_ns = -1, last_end_ns = -1;
   int64_t done_ns = 0;  // it completed
   RunKind kind = RunKind::Completed;
+  // Its tasks' execution time, summed (one worker: the time the device was busy with it, without the
+  // gaps between its tasks that last_end - first_start includes); -1 where nobody measured it.
+  int64_t busy_ns = -1;
 };
 
 class RunObserver {
