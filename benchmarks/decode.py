@@ -13,12 +13,17 @@ Both depths run side by side in one process, their repetitions interleaved
 - tokens/s over whole streams (median of the repetitions);
 - T_host: CPU time of the event-loop thread per token (orchestration,
   completion handling, the host step and the client), from time.thread_time;
-- T_device: device busy time per step, the union of its task intervals from
-  the engine's trace (Runtime.set_tracing / drain_trace), averaged over the
-  measured steps (a stream's prefill step is longer than its decode steps: the
-  mean, not the median, is what bounds the stream's tokens/s);
-- orchestration per step (p50 over the measured steps: staging and orchestration, from the
-  trace's host spans) and the host step alone;
+- T_device: device busy time per step, averaged over the measured steps (a
+  stream's prefill step is longer than its decode steps: the mean, not the
+  median, is what bounds the stream's tokens/s). On one device worker (the
+  default) it is each step's task time summed, which the engine measures for
+  every run whether or not anyone traces (AsyncRuntime.run_records, busy_ns),
+  so the measured streams run untraced: tracing costs the worker time between
+  tasks (3-4% of tokens/s here), which would count against Tandem in the
+  figure. With several workers tasks may overlap, and the union of their
+  intervals comes from the engine's trace (Runtime.set_tracing) instead;
+- orchestration per step (p50 over the measured steps: staging and orchestration, from
+  the run records; traced, from the host spans) and the host step alone;
 - completion wake-ups: how often a completed step wrote the engine's notifier fd and how long
   the device thread spent in those writes (engine stats notifier_writes / notifier_write_ns).
   With the event loop asleep in epoll while the device runs, each write must wake a sleeping
@@ -141,37 +146,60 @@ class DepthRun:
         self.records: list[StreamRecord] = []
         self.tokens_per_s: list[float] = []
         self.overlap: list[float] = []  # per repetition: tokens/s over that repetition's own bound
-        self.spans: list[tuple] = []
-        self.events: list[tuple] = []
+        self.traced = dec.runtime.workers > 1  # tasks may overlap: their union comes from the trace
+        self.measuring = False
+        self.busy_ns: list[int] = []  # per measured step: its device busy time
+        self.orchestration_ns: list[int] = []  # per measured step: staging and orchestration
+        self._seq = 0  # the next run record to read
+
+    def start_measuring(self) -> None:
+        """From here on, repetitions count (warm-up before)."""
+        self.measuring = True
+        if self.traced:
+            self.dec.runtime.set_tracing(True)
 
     async def one_rep(self) -> float:
         """Streams every prompt once; tokens/s over them.
 
-        While tracing, also the repetition's overlap figure: its tokens/s over
+        Measuring, also the repetition's overlap figure: its tokens/s over
         1 / max(T_host, T_device) of the same streams, i.e. max(host CPU, device
         busy) over the wall time, so a machine that runs slower for one
         repetition moves both sides of the ratio alike.
         """
         rt = self.dec.runtime
-        rt.drain_trace()  # what came before this repetition
+        art = self.dec._async_runtime()  # reaches in on purpose: the decoder's AsyncRuntime
+        if self.traced:
+            rt.drain_trace()  # what came before this repetition
         tokens, wall, cpu = 0, 0.0, 0.0
         for prompt in self.prompts:
             rec = await stream_with_host_step(self.dec, self.vocab, prompt, self.n)
-            self.records.append(rec)
             tokens += len(rec.tokens)
             wall += rec.wall_s
             cpu += rec.cpu_s
-        spans, events = rt.drain_trace()
-        if events:
-            self.spans += spans
-            self.events += events
-            self.overlap.append(max(cpu, sum(device_busy_per_run(events)) / 1e9) / wall)
+            if self.measuring:
+                self.records.append(rec)
+        runs = art.run_records(self._seq)
+        if runs:
+            self._seq = runs[-1].seq + 1
+        if not self.measuring:
+            return tokens / wall
+        if self.traced:
+            spans, events = rt.drain_trace()
+            busy, orchestration = device_busy_per_run(events), orchestration_per_run(spans)
+        else:
+            busy = [r.busy_ns for r in runs]
+            orchestration = [r.sealed_ns - r.launch_ns for r in runs]
+        if len(busy) != tokens:
+            raise SystemExit(f"FAILED: {tokens} tokens but {len(busy)} step records (the run records' window "
+                             "is too small for a repetition?)")
+        self.busy_ns += busy
+        self.orchestration_ns += orchestration
+        self.overlap.append(max(cpu, sum(busy) / 1e9) / wall)
         self.tokens_per_s.append(tokens / wall)
         return tokens / wall
 
     def figures(self, completed: int, wakeups: tuple[int, int]) -> dict[str, Any]:
         """wakeups: the engine's (notifier_writes, notifier_write_ns) when the measured streams began."""
-        spans, events = self.spans, self.events
         stats = self.dec.stats()
         engine_stats = self.dec.runtime._engine.stats()  # type: ignore[union-attr]  # reaches in on purpose
         steps = stats.completed - completed
@@ -181,8 +209,9 @@ class DepthRun:
             "depth": self.dec.depth,
             "tokens_per_s": {"median": statistics.median(tps), "min": min(tps), "max": max(tps), "reps": len(tps)},
             "t_host_ms": sum(r.cpu_s for r in self.records) / n_tokens * 1e3,
-            "t_device_ms": statistics.fmean(device_busy_per_run(events)) / 1e6,
-            "orchestration_ms_p50": statistics.median(orchestration_per_run(spans)) / 1e6,
+            "t_device_ms": statistics.fmean(self.busy_ns) / 1e6,
+            "t_device_from": "trace" if self.traced else "run records",
+            "orchestration_ms_p50": statistics.median(self.orchestration_ns) / 1e6,
             "host_step_us_p50": statistics.median(ns for r in self.records for ns in r.host_step_ns) / 1e3,
             "scheduler_overlap_ratio": stats.overlap_ratio,
             "steps": steps,
@@ -221,9 +250,7 @@ def measure(cfg: DecoderConfig, weights: dict[str, np.ndarray], vocab: ToyVocab,
         pair()
         completed, wakeups = {}, {}
         for depth, run in runs.items():
-            run.records.clear()
-            run.tokens_per_s.clear()
-            run.dec.runtime.set_tracing(True)
+            run.start_measuring()
             completed[depth] = run.dec.stats().completed
             engine_stats = run.dec.runtime._engine.stats()  # type: ignore[union-attr]
             wakeups[depth] = (engine_stats["notifier_writes"], engine_stats["notifier_write_ns"])
