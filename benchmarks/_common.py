@@ -51,6 +51,21 @@ def cpu_model() -> str:
     return platform.processor() or "unknown"
 
 
+def cpu_idle() -> dict[str, Any]:
+    """The kernel's idle driver, and on a KVM guest with `haltpoll` how long an idle vCPU polls before it
+    halts. How long a thread that wakes a sleeping one waits depends on it: a halted vCPU must be kicked
+    by the hypervisor (tens of us here, paid by the waker: a pool worker announcing a completion)."""
+    def read(path: str) -> str | None:
+        try:
+            return Path(path).read_text().strip()
+        except OSError:
+            return None
+
+    poll_ns = read("/sys/module/haltpoll/parameters/guest_halt_poll_ns")
+    return {"driver": read("/sys/devices/system/cpu/cpuidle/current_driver"),
+            "guest_halt_poll_ns": int(poll_ns) if poll_ns is not None and poll_ns.isdigit() else None}
+
+
 def git_commit() -> str:
     try:
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
@@ -73,6 +88,7 @@ def environment() -> dict[str, Any]:
     env: dict[str, Any] = {
         "cpu": cpu_model(),
         "cores": os.cpu_count(),
+        "cpuidle": cpu_idle(),
         "python": platform.python_version(),
         "numpy": numpy.__version__,
         "tandem": package_version(),

@@ -28,7 +28,9 @@ Both depths run side by side in one process, their repetitions interleaved
   the device thread spent in those writes (engine stats notifier_writes / notifier_write_ns).
   With the event loop asleep in epoll while the device runs, each write must wake a sleeping
   CPU; under a hypervisor that costs the writer tens of us, between two steps' tasks, so it
-  is device time the bound below (from the task intervals) does not count.
+  is device time the bound below (from the task intervals) does not count. On a KVM guest whose
+  idle driver is `haltpoll`, /sys/module/haltpoll/parameters/guest_halt_poll_ns says how long an
+  idle vCPU polls before it halts (printed with the figures; see README, "On a VM").
 The overlap figure is depth 2's tokens/s over the bound 1 / max(T_host, T_device),
 taken per repetition over that repetition's own T's (the median of the repetitions):
 the machine's speed moves between repetitions, and a bound from one window over
@@ -67,7 +69,7 @@ sys.path.insert(0, str(ROOT))
 
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import print_table, repeat, run_worker, write_json  # noqa: E402
+from _common import cpu_idle, print_table, repeat, run_worker, write_json  # noqa: E402
 
 from examples.decoder import Decoder, DecoderConfig, init_weights  # noqa: E402
 from examples.decoder.vocab import Detokenizer, ToyVocab  # noqa: E402
@@ -380,9 +382,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if peers is not None:
         figures["transformers"] = peers
 
+    idle = cpu_idle()  # how costly the completion wake-ups below are depends on it (see the module docstring)
     print(f"decoder {cfg.n_layers} layers x {cfg.d_model}, vocab {cfg.vocab}; {n_prompts} stream(s) of "
           f"{n} tokens after a {args.prompt_len}-token prompt, {reps} reps, {args.workers} device worker(s); "
-          f"{os.cpu_count()} cores, 1-min load average {load_before:.1f} before, {load_after:.1f} after")
+          f"{os.cpu_count()} cores, 1-min load average {load_before:.1f} before, {load_after:.1f} after; "
+          f"cpuidle {idle['driver']}, guest_halt_poll_ns {idle['guest_halt_poll_ns']}")
     rows = [[d["depth"], d["tokens_per_s"]["median"], d["tokens_per_s"]["min"], d["tokens_per_s"]["max"],
              d["t_host_ms"], d["t_device_ms"], d["orchestration_ms_p50"], d["host_step_us_p50"]] for d in (d1, d2)]
     print_table(["depth", "tokens/s", "min", "max", "T_host ms", "T_device ms", "orchestration ms",

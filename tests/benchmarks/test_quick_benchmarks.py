@@ -25,6 +25,10 @@ def run_quick(script: str, tmp_path: Path, *extra: str) -> dict:
     assert data["benchmark"] == script
     env = data["environment"]
     assert env["cores"] >= 1 and env["python"] and env["numpy"]
+    # The idle setting the figures were taken under (None where the kernel does not say).
+    idle = env["cpuidle"]
+    assert set(idle) == {"driver", "guest_halt_poll_ns"}
+    assert idle["guest_halt_poll_ns"] is None or idle["guest_halt_poll_ns"] >= 0
     return data["figures"]
 
 
