@@ -153,10 +153,16 @@ class DepthRun:
         self.busy_ns: list[int] = []  # per measured step: its device busy time
         self.orchestration_ns: list[int] = []  # per measured step: staging and orchestration
         self._seq = 0  # the next run record to read
+        self._wakeups = (0, 0)  # the engine's (notifier_writes, notifier_write_ns) when measuring began
+
+    def _engine_wakeups(self) -> tuple[int, int]:
+        stats = self.dec.runtime._engine.stats()  # type: ignore[union-attr]  # reaches in on purpose
+        return stats["notifier_writes"], stats["notifier_write_ns"]
 
     def start_measuring(self) -> None:
         """From here on, repetitions count (warm-up before)."""
         self.measuring = True
+        self._wakeups = self._engine_wakeups()
         if self.traced:
             self.dec.runtime.set_tracing(True)
 
@@ -200,11 +206,10 @@ class DepthRun:
         self.tokens_per_s.append(tokens / wall)
         return tokens / wall
 
-    def figures(self, completed: int, wakeups: tuple[int, int]) -> dict[str, Any]:
-        """wakeups: the engine's (notifier_writes, notifier_write_ns) when the measured streams began."""
+    def figures(self) -> dict[str, Any]:
         stats = self.dec.stats()
-        engine_stats = self.dec.runtime._engine.stats()  # type: ignore[union-attr]  # reaches in on purpose
-        steps = stats.completed - completed
+        writes, write_ns = self._engine_wakeups()
+        steps = len(self.busy_ns)  # one run record (or traced run) per measured step
         tps = self.tokens_per_s
         n_tokens = sum(len(r.tokens) for r in self.records)
         return {
@@ -219,8 +224,8 @@ class DepthRun:
             "steps": steps,
             # Announcing a completed step to the event loop asleep in epoll: time the device thread spent
             # writing the notifier's fd (not in T_device: it falls between the steps' tasks).
-            "wakeups_per_step": (engine_stats["notifier_writes"] - wakeups[0]) / steps,
-            "wakeup_us_per_step": (engine_stats["notifier_write_ns"] - wakeups[1]) / steps / 1e3,
+            "wakeups_per_step": (writes - self._wakeups[0]) / steps,
+            "wakeup_us_per_step": (write_ns - self._wakeups[1]) / steps / 1e3,
             "overlap_per_rep": self.overlap,
         }
 
@@ -250,14 +255,10 @@ def measure(cfg: DecoderConfig, weights: dict[str, np.ndarray], vocab: ToyVocab,
         # the second ones learn each step's call signature; from the third on a step replays from its call.
         pair()
         pair()
-        completed, wakeups = {}, {}
-        for depth, run in runs.items():
+        for run in runs.values():
             run.start_measuring()
-            completed[depth] = run.dec.stats().completed
-            engine_stats = run.dec.runtime._engine.stats()  # type: ignore[union-attr]
-            wakeups[depth] = (engine_stats["notifier_writes"], engine_stats["notifier_write_ns"])
         speedup = repeat(pair, reps, warmup=0)
-        figures = {depth: run.figures(completed[depth], wakeups[depth])
+        figures = {depth: run.figures()
                    for depth, run in runs.items()}
     same = all(a.tokens == b.tokens for a, b in zip(runs[1].records, runs[2].records))
     return figures, speedup, same
