@@ -358,7 +358,8 @@ class Engine:
     def stats(self) -> dict[str, int]:
         """tasks_submitted, tasks_executed, tasks_skipped, runs_started, runs_completed, runs_live,
         tracker_records, tracker_allocations, queued, workers, notifier_writes (wake-ups of notifier_fd: one
-        per batch of notifying runs completed), notifier_write_ns (time the completing threads spent in them)."""
+        per batch of notifying runs completed), notifier_write_ns (time the completing threads spent in them),
+        worker_wakeups (sleeping pool workers woken for queued tasks: none while a spinning worker takes them)."""
 
 def wait_readable(fds: Sequence[SupportsIndex], spin_us: SupportsIndex, timeout_ms: SupportsIndex = -1) -> list[int]:
     """Indexes of the fds readable (or hung up): polls for up to spin_us, then sleeps up to timeout_ms (negative:

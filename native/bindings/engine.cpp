@@ -404,6 +404,7 @@ void bind_engine(py::module_& m) {
         d["workers"] = s.workers;
         d["notifier_writes"] = s.notifier_writes;
         d["notifier_write_ns"] = s.notifier_write_ns;
+        d["worker_wakeups"] = s.worker_wakeups;
         return d;
       });
 }

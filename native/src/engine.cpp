@@ -546,6 +546,7 @@ EngineStats Engine::stats() const {
   s.workers = pool_ ? pool_->size() : 0;
   s.notifier_writes = notifier_.writes();
   s.notifier_write_ns = notifier_.write_ns();
+  s.worker_wakeups = pool_ ? pool_->wakeups() : 0;
   return s;
 }
 

@@ -573,6 +573,53 @@ def test_spin_window_is_per_engine_and_zero_still_wakes_workers(device, spin_us)
         _native.Engine(device, 1, -1)
 
 
+def _run_unwaited(e, kernel, scalars_per_task) -> "_native.Run":
+    """A run of one task per scalars entry, polled until done: a waiter would run its tasks itself."""
+    run = e.begin_run()
+    for scalars in scalars_per_task:
+        e.submit(run, kernel, [], [], scalars)
+    e.seal(run)
+    deadline = time.monotonic() + 10
+    while not run.done:
+        assert time.monotonic() < deadline
+        time.sleep(0.0005)
+    return run
+
+
+def test_a_spinning_worker_takes_new_tasks_without_waking_a_sleeping_one(device):
+    spin_s = 0.5
+    e = _native.Engine(device, 2, int(spin_s * 1e6))
+    try:
+        time.sleep(spin_s * 1.5)  # both workers spun out their window and sleep
+        before = e.stats()["worker_wakeups"]
+        _run_unwaited(e, e.kernel("noop"), [[]])  # no spinner: one sleeper is woken, and spins after it
+        assert e.stats()["worker_wakeups"] == before + 1
+        for _ in range(20):  # well within its window: the spinning worker takes each, the sleeper sleeps on
+            time.sleep(0.005)  # the worker back in its spin (it marks a run done just before)
+            _run_unwaited(e, e.kernel("noop"), [[]])
+        stats = e.stats()
+        assert stats["worker_wakeups"] == before + 1
+        assert stats["tasks_executed"] == 21
+    finally:
+        e.close()
+
+
+def test_tasks_beyond_the_spinning_workers_wake_sleeping_ones(device):
+    spin_s = 0.5
+    e = _native.Engine(device, 2, int(spin_s * 1e6))
+    rec = _native.TraceRecorder()
+    assert e.add_observer(rec)
+    try:
+        time.sleep(spin_s * 1.5)  # both asleep
+        before = e.stats()["worker_wakeups"]
+        run = _run_unwaited(e, e.kernel("spin"), [[20_000_000], [20_000_000]])  # two independent tasks at once
+        assert e.stats()["worker_wakeups"] >= before + 2  # one more when the first woken was not yet back
+        workers = sorted(ev[2] for ev in rec.drain() if ev[0] == run.id)
+        assert workers == [0, 1]  # both ran: nothing was left queued behind one worker
+    finally:
+        e.close()
+
+
 def test_a_sealed_run_records_its_kind_and_ordered_timings_in_its_log(eng, kernels, device):
     log = _native.RunLog(8)
     t0 = eng.now_ns()

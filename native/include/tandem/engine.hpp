@@ -51,6 +51,7 @@ struct EngineStats {
   int workers = 0;
   uint64_t notifier_writes = 0;    // wake-ups of the notifier's fd (one per batch of completions)
   uint64_t notifier_write_ns = 0;  // time the completing threads spent in those writes
+  uint64_t worker_wakeups = 0;     // sleeping pool workers woken for queued tasks
 };
 
 // A kernel call checked and converted once, then submitted any number of

@@ -1,6 +1,7 @@
 // The worker pool: N native threads taking ready tasks from one FIFO queue.
 // Idle workers sleep on a condition variable (after a brief spin, so a task
-// arriving microseconds later does not pay for a futex wake-up). A worker runs
+// arriving microseconds later does not pay for a futex wake-up); a push wakes
+// sleepers only for the tasks the spinning workers will not take. A worker runs
 // a task's first newly ready dependent itself, without a trip through the queue.
 // A thread waiting for a run may help: it takes that run's queued tasks like a
 // worker until its condition holds (help_until), so a run waited for alone
@@ -11,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstdint>
 #include <deque>
 #include <functional>
 #include <mutex>
@@ -36,6 +38,7 @@ class WorkerPool {
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
 
+  // Queues ready tasks; wakes sleeping workers only for those the spinning ones leave over.
   void push(Task* t);
   void push(const std::vector<Task*>& ts) { push(ts.data(), ts.size()); }
   void push(Task* const* ts, size_t n);
@@ -59,6 +62,8 @@ class WorkerPool {
   void stop();
   int size() const { return static_cast<int>(threads_.size()); }
   size_t queued() const { return queued_.load(std::memory_order_relaxed); }
+  // Sleeping workers woken by push() so far.
+  uint64_t wakeups() const { return wakeups_.load(std::memory_order_relaxed); }
 
  private:
   void worker_main(int index);
@@ -74,6 +79,8 @@ class WorkerPool {
   std::deque<Task*> queue_;
   std::atomic<size_t> queued_{0};
   int sleeping_ = 0;          // workers asleep on cv_
+  int spinning_ = 0;          // idle workers polling queued_ (pop()), each about to take a task
+  std::atomic<uint64_t> wakeups_{0};
   int helpers_sleeping_ = 0;  // helpers asleep on helper_cv_
   bool stopping_ = false;
   std::vector<std::thread> threads_;
