@@ -40,7 +40,8 @@ class Decoder:
     depth: how many steps may be in flight (2 overlaps step N+1's
     orchestration with step N's device work; 1 does not).
     workers: device worker threads. One step is a chain of dependent kernels,
-    so more workers mostly add idle spinning on small machines.
+    so a second worker adds little, and on a small machine its tasks share
+    the event loop's core (README, "Choosing `workers`").
     capture: record each step's orchestration once per (position, length) and
     replay it natively after (engine.capture): a decode step then costs the
     host no Python orchestration. Enough recordings are kept for every
