@@ -612,7 +612,8 @@ def test_tasks_beyond_the_spinning_workers_wake_sleeping_ones(device):
     try:
         time.sleep(spin_s * 1.5)  # both asleep
         before = e.stats()["worker_wakeups"]
-        run = _run_unwaited(e, e.kernel("spin"), [[20_000_000], [20_000_000]])  # two independent tasks at once
+        # Two independent tasks at once, each long enough that a woken worker is up before the other ends.
+        run = _run_unwaited(e, e.kernel("spin"), [[200_000_000], [200_000_000]])
         assert e.stats()["worker_wakeups"] >= before + 2  # one more when the first woken was not yet back
         workers = sorted(ev[2] for ev in rec.drain() if ev[0] == run.id)
         assert workers == [0, 1]  # both ran: nothing was left queued behind one worker
