@@ -82,9 +82,8 @@ void WorkerPool::spin_while_empty() const {
 }
 
 Task* WorkerPool::pop() {
-  std::unique_lock<std::mutex> lock(mu_, std::defer_lock);
-  if (spin_.count() > 0 && queued_.load(std::memory_order_relaxed) == 0) {
-    lock.lock();
+  std::unique_lock<std::mutex> lock(mu_);
+  if (spin_.count() > 0 && queue_.empty()) {
     ++spinning_;  // a taker push() need not wake anyone for, until it leaves the count below
     lock.unlock();
     const auto until = std::chrono::steady_clock::now() + spin_;
@@ -93,8 +92,6 @@ Task* WorkerPool::pop() {
     } while (queued_.load(std::memory_order_relaxed) == 0 && std::chrono::steady_clock::now() < until);
     lock.lock();
     --spinning_;  // and takes a task below if one is queued, whether or not the spin saw it
-  } else {
-    lock.lock();
   }
   while (queue_.empty()) {
     if (stopping_) return nullptr;

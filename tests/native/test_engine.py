@@ -586,11 +586,16 @@ def _run_unwaited(e, kernel, scalars_per_task) -> "_native.Run":
     return run
 
 
-def test_a_spinning_worker_takes_new_tasks_without_waking_a_sleeping_one(device):
-    spin_s = 0.5
+def _asleep_pool(device, spin_s: float = 0.5) -> "_native.Engine":
+    """An engine of two workers that spun out their window (spin_s) and sleep."""
     e = _native.Engine(device, 2, int(spin_s * 1e6))
+    time.sleep(spin_s * 1.5)
+    return e
+
+
+def test_a_spinning_worker_takes_new_tasks_without_waking_a_sleeping_one(device):
+    e = _asleep_pool(device)
     try:
-        time.sleep(spin_s * 1.5)  # both workers spun out their window and sleep
         before = e.stats()["worker_wakeups"]
         _run_unwaited(e, e.kernel("noop"), [[]])  # no spinner: one sleeper is woken, and spins after it
         assert e.stats()["worker_wakeups"] == before + 1
@@ -605,12 +610,10 @@ def test_a_spinning_worker_takes_new_tasks_without_waking_a_sleeping_one(device)
 
 
 def test_tasks_beyond_the_spinning_workers_wake_sleeping_ones(device):
-    spin_s = 0.5
-    e = _native.Engine(device, 2, int(spin_s * 1e6))
+    e = _asleep_pool(device)
     rec = _native.TraceRecorder()
     assert e.add_observer(rec)
     try:
-        time.sleep(spin_s * 1.5)  # both asleep
         before = e.stats()["worker_wakeups"]
         # Two independent tasks at once, each long enough that a woken worker is up before the other ends.
         run = _run_unwaited(e, e.kernel("spin"), [[200_000_000], [200_000_000]])
