@@ -49,7 +49,7 @@ from typing import Any, Callable, ContextManager, Sequence
 
 from engine import _native
 from engine.distributed.errors import WorkerDiedError
-from engine.distributed.protocol import Ready, Setup, SetupFailed, Stop, decode, encode
+from engine.distributed.protocol import Codec, Ready, Setup, SetupFailed, Stop, decode, encode
 from engine.distributed.wire import recv_message, send_message
 from engine.distributed.worker import DEFAULT_SPIN_US
 
@@ -206,6 +206,10 @@ class ProcessTransport(Transport):
         self._regions: list[_SharedRegion] = []
         self._procs: list[Any] = []
         self._conns: list[connection.Connection] = []
+        # Each connection's descriptor, -1 once stop() closed it (under its send lock): read per message,
+        # where Connection.fileno() and .closed are Python calls each.
+        self._fds: list[int] = []
+        self._codecs: list[Codec] = []  # per worker: its messages' encoding (a Codec remembers what it sent)
         self._send_locks: list[threading.Lock] = []
         self._gone: set[int] = set()
         self._thread: threading.Thread | None = None
@@ -250,6 +254,8 @@ class ProcessTransport(Transport):
                                      daemon=True)
             self._procs.append(proc)
             self._conns.append(parent)
+            self._fds.append(parent.fileno())
+            self._codecs.append(Codec())
             self._send_locks.append(threading.Lock())
             self._requests.append(0)
             self._replies.append(0)
@@ -347,11 +353,11 @@ class ProcessTransport(Transport):
         with self._read_lock:
             if not self._open[i]:
                 return False
-            fd = self._conns[i].fileno()
+            fd = self._fds[i]
             if self._reads != seen and not _native.wait_readable([fd], 0, 0):
                 return False
             try:
-                msg = decode(recv_message(fd))
+                msg = self._codecs[i].decode(recv_message(fd))
             except (EOFError, OSError):  # hung up: its sentinel reports the exit
                 self._close_reply(i)
                 return False
@@ -438,17 +444,17 @@ class ProcessTransport(Transport):
         return any(sent > got and i not in gone for i, (sent, got) in enumerate(zip(self._requests, self._replies)))
 
     def send(self, worker: int, message: Any, block: bool = True) -> bool:
-        data = encode(message)
-        conn = self._conns[worker]
         with self._send_locks[worker]:
-            if conn.closed:  # stop() closes it under this lock: its fd number may be another file's by now
+            data = self._codecs[worker].encode(message)  # under the lock: a Codec is one thread's at a time
+            fd = self._fds[worker]
+            if fd < 0:  # stop() closes it under this lock: its fd number may be another file's by now
                 raise OSError(f"chip worker {worker}: the transport is stopped")
             if not block:
                 # Writable means the socket's send buffer is at most a quarter full (AF_UNIX),
                 # so a message this small goes in without waiting for the worker.
-                if len(data) > _NONBLOCKING_MAX or not _writable(conn):
+                if len(data) > _NONBLOCKING_MAX or not _writable(fd):
                     return False
-            send_message(conn.fileno(), data)
+            send_message(fd, data)
             self._requests[worker] += 1  # every message sent here (a Call, a MemoryOp) has one reply
         if self._role.holder == threading.get_ident():
             pass  # the reply's reader is this thread
@@ -496,9 +502,10 @@ class ProcessTransport(Transport):
             with self._read_lock:  # a caller between looks reads no connection from here on
                 self._open = [False] * len(self._open)
                 self._reply_fds = []
-            for lock, conn in zip(self._send_locks, self._conns):
+            for i, (lock, conn) in enumerate(zip(self._send_locks, self._conns)):
                 with lock:  # a sender checks under it that the connection is open (the workers are gone by now:
-                    conn.close()  # a send under way has failed, not waiting on a reader)
+                    self._fds[i] = -1  # a send under way has failed, not waiting on a reader)
+                    conn.close()
             for proc in self._procs:
                 if proc.pid is not None:
                     proc.close()
@@ -587,9 +594,9 @@ class CallerReads:
             self._end()
 
 
-def _writable(conn: connection.Connection) -> bool:
+def _writable(fd: int) -> bool:
     poller = select.poll()
-    poller.register(conn.fileno(), select.POLLOUT)
+    poller.register(fd, select.POLLOUT)
     return bool(poller.poll(0))
 
 

@@ -28,7 +28,7 @@ import numpy as np
 
 from engine import _native
 from engine.distributed.program import NO_HOST_CALLBACKS
-from engine.distributed.protocol import (Call, Done, MemoryOp, ProgramSpec, Ready, RegionSpec, Result, Setup,
+from engine.distributed.protocol import (Call, Codec, Done, MemoryOp, ProgramSpec, Ready, RegionSpec, Result, Setup,
                                          SetupFailed, Stop, decode, encode, portable_error)
 from engine.distributed.wire import recv_message, send_message
 from engine.dtypes import as_dtype
@@ -84,23 +84,24 @@ def serve(conn: connection.Connection, host: "ChipHost", spin_us: int = DEFAULT_
     wake-up (tens of microseconds under a hypervisor) before it is even read.
     """
     conn_fd = conn.fileno()
+    codec = Codec()
     fds = [conn_fd, host.notifier_fd]
     waiting = select.poll()  # "is a message waiting?" in one syscall (Connection.poll() builds a selector per call)
     waiting.register(conn_fd, select.POLLIN)
     while True:
         try:
             while waiting.poll(0):
-                msg = decode(recv_message(conn_fd))
+                msg = codec.decode(recv_message(conn_fd))
                 if isinstance(msg, Stop):
                     return
                 reply = host.handle(msg)
                 if reply is not None:
-                    send_message(conn_fd, encode(reply))
+                    send_message(conn_fd, codec.encode(reply))
         except (EOFError, OSError):
             return
         host.run_queued(conn_fd)
         for done in host.completed():
-            send_message(conn_fd, encode(done))
+            send_message(conn_fd, codec.encode(done))
         if not host.queued_tasks:  # else a message interrupted the tasks: read it, then go on
             _native.wait_readable(fds, spin_us)
 
