@@ -169,14 +169,18 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
 
     def submit(self, *args: Any, **kwargs: Any) -> RunHandle:
         """Starts a run and returns its handle; blocks while `depth` runs are in flight."""
-        call = self.bind(args, kwargs)
-        t0 = self.now_ns() if self._host_spans is not None else 0
-        lease = self._admit_blocking()
-        run, run_id, payload = self.launch(call, lease, t0, None)
+        run, run_id, payload = self._launch_blocking(args, kwargs)
         handle = RunHandle(self, run, run_id, payload)
         with self._state_lock:
             self._inflight[run_id] = handle
         return handle
+
+    def _launch_blocking(self, args: tuple[Any, ...], kwargs: Mapping[str, Any]) -> Launched[RunT]:
+        """Binds, admits (blocking while `depth` runs are in flight) and launches one run from a thread."""
+        call = self.bind(args, kwargs)
+        t0 = self.now_ns() if self._host_spans is not None else 0
+        lease = self._admit_blocking()
+        return self.launch(call, lease, t0, None)
 
     def _admit_blocking(self) -> Lease[RunT]:
         """FIFO admission for threads: while no slot is free, finishes the oldest run in flight or waits."""

@@ -51,6 +51,9 @@ class Dispatcher:
         self._now = now_ns
         self._lock = threading.Lock()
         self._changed = threading.Condition(self._lock)  # some submission completed (quiesce waits on it)
+        # Threads waiting on _changed: notifying a Condition over a plain lock costs a few microseconds even
+        # with nobody waiting (it checks ownership by trying the lock), and every run notifies twice.
+        self._watchers = 0
         self._tracker = DependencyTracker()
         self._seq = itertools.count(1)
         self._sent: dict[int, Submission] = {}  # by seq: on a worker, reply pending
@@ -127,7 +130,7 @@ class Dispatcher:
     def wait_idle(self) -> None:
         """Blocks until every sealed run completed and was delivered."""
         with self._changed:
-            self._changed.wait_for(lambda: not self._runs and self._undelivered == 0)
+            self._watch(lambda: not self._runs and self._undelivered == 0)
 
     def _advance(self, work: deque[Submission]) -> None:
         """Sends (or skips) every submission in `work` and whatever that releases in turn. Lock held."""
@@ -181,7 +184,8 @@ class Dispatcher:
         run.remaining -= 1
         if run.remaining == 0 and run.done_ns < 0:
             self._complete_run(run)
-        self._changed.notify_all()
+        if self._watchers:
+            self._changed.notify_all()
 
     def _skip_waiting(self, run: RunRecord, work: deque[Submission] | None = None) -> None:
         """A failed or cancelled run: its submissions not yet sent never will be. Lock held."""
@@ -209,6 +213,8 @@ class Dispatcher:
         Delivery copies outputs and releases slots, which must not hold up
         the threads that feed the graph; the order of runs is kept per call.
         """
+        if not self._completed:  # whoever completes a run later calls this after it (read without the lock)
+            return
         with self._lock:
             runs, self._completed = self._completed, []
         if not runs:
@@ -223,7 +229,16 @@ class Dispatcher:
         finally:
             with self._lock:
                 self._undelivered -= len(runs)
-                self._changed.notify_all()
+                if self._watchers:
+                    self._changed.notify_all()
+
+    def _watch(self, predicate: Callable[[], bool]) -> None:
+        """Waits on _changed until predicate() holds. Lock held."""
+        self._watchers += 1
+        try:
+            self._changed.wait_for(predicate)
+        finally:
+            self._watchers -= 1
 
     # -- the workers' replies ----------------------------------------------------------------------
     def on_message(self, worker: int, msg: Any) -> None:
@@ -314,7 +329,7 @@ class Dispatcher:
     def quiesce(self, alloc: Allocation) -> None:
         """Waits until no submission still to complete touches `alloc`."""
         with self._changed:
-            self._changed.wait_for(lambda: self._broken is not None or not self._tracker.busy(alloc))
+            self._watch(lambda: self._broken is not None or not self._tracker.busy(alloc))
             if self._broken is not None:
                 raise self._broken
 

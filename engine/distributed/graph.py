@@ -86,6 +86,10 @@ class DependencyTracker:
             records = self._records.get(key)
             if records is None:
                 continue
+            if len(records) == 1:  # the common case: nothing else in flight touches the allocation
+                if records[0][0] is sub:
+                    del self._records[key]
+                continue
             records[:] = [r for r in records if r[0] is not sub]
             if not records:
                 del self._records[key]

@@ -174,11 +174,19 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Runs once and returns the outputs, reading the run's replies on this thread (see
-        ProcessTransport): no other thread has to wake this one when the run completes."""
+        ProcessTransport): no other thread has to wake this one when the run completes.
+
+        The run is this call's alone, so it gets no RunHandle and is not registered as in flight: a
+        thread waiting for a slot waits for it to complete (it releases its slot then), and close()
+        waits for every sealed run. Interrupted, the call leaves the run to complete on its own.
+        """
         with self._transport.caller_reads():
-            handle = self.submit(*args, **kwargs)
-            handle.wait()
-        return handle.result()
+            run, run_id, payload = self._launch_blocking(args, kwargs)
+            run.wait()
+        result, error = self.finish(run, run_id, payload)
+        if error is not None:
+            raise error
+        return result
 
     # -- the backend protocol -----------------------------------------------------------------------
     def check_open(self) -> None:
@@ -268,7 +276,8 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
     def _launched(self) -> None:
         with self._state_cv:
             self._launching -= 1
-            self._state_cv.notify_all()
+            if self._closing:  # only close() waits for launches, and it sets _closing before it takes this lock
+                self._state_cv.notify_all()
 
     def launch(self, call: "BoundCall | CachedBinding", lease: Lease, dispatch_ns: int,
                log: "_native.RunLog | None", launch_ns: int = 0) -> tuple[RunRecord, int, Any]:

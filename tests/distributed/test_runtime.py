@@ -322,6 +322,18 @@ def test_a_sync_call_reads_its_replies_on_its_own_thread(slow, chain):
     assert len(seen) == 2 and seen[0] == threading.get_ident()
 
 
+def test_a_sync_call_holds_no_handle_and_its_error_is_raised(chain, failing):
+    """drt(x) waits for its own run: nothing stays registered in flight, the slot is free again, and a failing run
+    raises its error from the call."""
+    x = randn(np.random.default_rng(8), B, P.D)
+    np.testing.assert_allclose(chain(x), x * 3.0, rtol=1e-6)
+    assert chain._inflight == {} and chain.memory_stats()["free_slots"] == 2
+    with pytest.raises(engine.KernelError, match="failing on chip worker 1"):
+        failing(x)
+    assert failing._inflight == {} and failing.memory_stats()["free_slots"] == 2
+    np.testing.assert_allclose(chain(x), x * 3.0, rtol=1e-6)
+
+
 def test_a_caller_that_reads_its_replies_can_time_out_and_wait_again(slow):
     transport = slow._transport
     with transport.caller_reads() as reads:
