@@ -147,6 +147,10 @@ def capture_headlines(f: dict[str, Any]) -> dict[str, float]:
 def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
     out = {"drt(x) over a bare shm + pipe round trip (lower is better)": f["overhead"]["sync_over_bare"]["median"],
            "await art.call over the bare round trip (lower is better)": f["overhead"]["async_over_bare"]}
+    if "sync_over_bare_polling" in f["overhead"]:  # results from before the polling floor was measured have none
+        out["drt(x) over a bare round trip whose ends poll first (lower is better)"] = \
+            f["overhead"]["sync_over_bare_polling"]
+        out["await art.call over the polling bare round trip (lower is better)"] = f["overhead"]["async_over_bare_polling"]
     for d in f["pipelining"]["depths"]:
         if d["depth"] > 1:
             out[f"depth {d['depth']} over depth 1, runs/s"] = d["speedup_over_depth1"]

@@ -7,7 +7,12 @@
    memory, a small pickled message through a pipe, the process copies in
    shared memory and answers, read the output back). Reported as a ratio:
    what binding, staging, orchestration, the dependency graph, the worker's
-   engine run and completion delivery add to the bare round trip.
+   engine run and completion delivery add to the bare round trip. Twice:
+   with both ends of the bare trip asleep in a blocking read until the
+   message comes, and with both polling for it first (200 us, as Tandem's
+   readers do). On a VM the first pays a wake-up of a halted CPU when the
+   host happens to halt it (its figure moves between about 18 and 55 us from
+   run to run); the second is the floor that compares like with like.
 2. Pipelining. A data-parallel MLP (batch shards, resident weights per
    worker) streamed through scheduler.AsyncRuntime at depth 1, 2 and 3 on
    one runtime: throughput, speedup over depth 1, and the fraction of the
@@ -50,7 +55,9 @@ from _common import print_table, repeat, write_json  # noqa: E402
 
 import engine  # noqa: E402
 import engine.distributed as dist  # noqa: E402
+from engine import _native  # noqa: E402
 from engine import In, Out  # noqa: E402
+from engine.distributed.worker import DEFAULT_SPIN_US  # noqa: E402
 from engine import kernels as K  # noqa: E402
 from scheduler import AsyncRuntime  # noqa: E402
 
@@ -104,12 +111,17 @@ def dp_wide_mlp(orch: dist.Orchestrator, x: In(("B", RAY_D)), w1: dist.PerWorker
 
 
 # -- the floor: a bare shared-memory + pipe round trip -------------------------------------------------
-def _bare_server(conn, name: str) -> None:
+def _bare_server(conn, name: str, spin_us: int) -> None:
+    from engine import _native
+
     shm = SharedMemory(name=name)
     x = np.ndarray((N,), np.float32, buffer=shm.buf, offset=0)
     y = np.ndarray((N,), np.float32, buffer=shm.buf, offset=64)
+    fds = [conn.fileno()]
     try:
         while True:
+            if spin_us:
+                _native.wait_readable(fds, spin_us)  # polls spin_us, then sleeps until readable
             msg = pickle.loads(conn.recv_bytes())
             if msg is None:
                 return
@@ -121,13 +133,21 @@ def _bare_server(conn, name: str) -> None:
 
 
 class BareRoundTrip:
-    """A spawned process that copies x to y in shared memory per message: the floor of one remote run."""
+    """A spawned process that copies x to y in shared memory per message: the floor of one remote run.
 
-    def __init__(self) -> None:
+    spin_us=0: both ends sleep in a blocking read until the message comes (the baseline issue 19 names).
+    spin_us > 0: both ends poll that long before they sleep, as Tandem's readers do (ProcessTransport's
+    spin_us): on a VM, where waking a sleeping reader costs tens of microseconds, this is the floor that
+    compares like with like.
+    """
+
+    def __init__(self, spin_us: int = 0) -> None:
         ctx = multiprocessing.get_context("spawn")
+        self.spin_us = spin_us
         self.shm = SharedMemory(create=True, size=128)
         self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_bare_server, args=(child, self.shm.name), daemon=True)
+        self._fds = [self.conn.fileno()]
+        self.proc = ctx.Process(target=_bare_server, args=(child, self.shm.name, spin_us), daemon=True)
         self.proc.start()
         child.close()
         self.x = np.ndarray((N,), np.float32, buffer=self.shm.buf, offset=0)
@@ -136,6 +156,8 @@ class BareRoundTrip:
     def __call__(self, x: np.ndarray, y: np.ndarray, seq: int) -> None:
         np.copyto(self.x, x)
         self.conn.send_bytes(pickle.dumps(("call", seq, 0, {}, (("s", 0, 0, (N,), (1,), "float32"),))))
+        if self.spin_us:
+            _native.wait_readable(self._fds, self.spin_us)
         pickle.loads(self.conn.recv_bytes())
         np.copyto(y, self.y)
 
@@ -155,9 +177,10 @@ def per_run_seconds(fn, runs: int) -> float:
 
 
 def overhead_against(drt: dist.DistributedRuntime, baseline: Any, label: str, key: str, runs: int, reps: int,
-                     prefix: str = "") -> tuple[list[list], dict]:
+                     prefix: str = "", also: tuple[Any, str, str] | None = None) -> tuple[list[list], dict]:
     """Per-run cost of the one-copy program on `drt` (sync and awaited) against `baseline(i)` doing the same
-    copy, interleaved rep by rep; figures named <key>_us, sync_over_<key>, async_over_<key>."""
+    copy, interleaved rep by rep; figures named <key>_us, sync_over_<key>, async_over_<key>. also: a second
+    baseline (fn, label, key) measured in the same reps, with its own figures and a column of ratios."""
     x = np.arange(N, dtype=np.float32)
     y = np.zeros(N, np.float32)
     np.testing.assert_array_equal(drt(x), x)
@@ -172,9 +195,13 @@ def overhead_against(drt: dist.DistributedRuntime, baseline: Any, label: str, ke
             return (time.perf_counter() - t0) / runs
 
     samples: dict[str, list[float]] = {key: [], "sync": [], "async": []}
+    if also is not None:
+        samples[also[2]] = []
 
-    def one_rep() -> float:  # interleaved: the three see the same machine state
+    def one_rep() -> float:  # interleaved: they all see the same machine state
         samples[key].append(per_run_seconds(lambda i: baseline(x, y, i), runs))
+        if also is not None:
+            samples[also[2]].append(per_run_seconds(lambda i: also[0](x, y, i), runs))
         samples["sync"].append(per_run_seconds(lambda i: drt(x, y), runs))
         samples["async"].append(anyio.run(async_per_run))
         return samples["sync"][-1] / samples[key][-1]
@@ -189,17 +216,27 @@ def overhead_against(drt: dist.DistributedRuntime, baseline: Any, label: str, ke
     ]
     figures = {"runs": runs, "reps": reps, f"{key}_us": med[key] * 1e6, "sync_us": med["sync"] * 1e6,
                "async_us": med["async"] * 1e6, f"sync_over_{key}": sync_ratio, f"async_over_{key}": async_ratio}
+    if also is not None:
+        k2 = also[2]
+        over2 = {m: float(np.median([a / b for a, b in zip(samples[m], samples[k2])][-reps:])) for m in ("sync", "async")}
+        rows.insert(1, [also[1], med[k2] * 1e6, med[k2] / med[key]])
+        for row, m in zip(rows, (key, k2, "sync", "async")):
+            row.append(1.0 if m == k2 else med[key] / med[k2] if m == key else over2[m])
+        figures.update({f"{k2}_us": med[k2] * 1e6, f"sync_over_{k2}": over2["sync"], f"async_over_{k2}": over2["async"]})
     return rows, figures
 
 
 def overhead(runs: int, reps: int) -> tuple[list[list], dict]:
     bare = BareRoundTrip()
+    polling = BareRoundTrip(DEFAULT_SPIN_US)
     drt = one_copy.prepare(workers=1, worker_threads=1, depth=2)
     try:
-        return overhead_against(drt, bare, "bare shm + pipe round trip", "bare", runs, reps)
+        return overhead_against(drt, bare, "bare shm + pipe round trip", "bare", runs, reps,
+                                also=(polling, f"bare, both ends polling {DEFAULT_SPIN_US} us first", "bare_polling"))
     finally:
         drt.close()
         bare.close()
+        polling.close()
 
 
 def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[list], dict]:
@@ -444,7 +481,7 @@ def main(argv: list[str] | None = None) -> dict:
     rows, over = overhead(runs, reps)
     print(f"Per-run dispatch overhead, 1 chip worker, {runs} runs x {reps} reps (medians; ratios per rep, "
           "interleaved):")
-    print_table(["path", "us per run", "over bare"], rows)
+    print_table(["path", "us per run", "over bare", "over polling bare"], rows)
     print()
     prow, pipe = pipelining(max(40, runs // 2), reps, args.batch, args.workers)
     print(f"Data-parallel MLP B={args.batch} ({D}->{H}->{D}) on {args.workers} chip worker(s) x 1 thread, "

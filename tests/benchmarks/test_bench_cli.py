@@ -108,7 +108,8 @@ def capture_schema(f: dict) -> list[float]:
 
 def distributed_schema(f: dict) -> list[float]:
     assert [d["depth"] for d in f["pipelining"]["depths"]] == [1, 2, 3]
-    return [f["overhead"]["sync_over_bare"]["median"], f["overhead"]["async_over_bare"]] + [
+    return [f["overhead"]["sync_over_bare"]["median"], f["overhead"]["async_over_bare"],
+            f["overhead"]["sync_over_bare_polling"], f["overhead"]["async_over_bare_polling"]] + [
         d[k] for d in f["pipelining"]["depths"] for k in ("fraction_of_bound", "speedup_over_depth1", "runs_per_s",
                                                           "host_cpu_ms_per_run", "workers_cpu_ms_per_run",
                                                           "cpu_ceiling_over_bound")]

@@ -25,7 +25,8 @@ def test_quick_benchmark(tmp_path):
     data = json.loads(out.read_text())
     assert data["benchmark"] == "distributed"
     over = data["figures"]["overhead"]
-    for key in ("bare_us", "sync_us", "async_us", "async_over_bare"):
+    for key in ("bare_us", "bare_polling_us", "sync_us", "async_us", "async_over_bare", "sync_over_bare_polling",
+                "async_over_bare_polling"):
         assert _positive(over[key]), key
     assert _positive(over["sync_over_bare"]["median"])
     pipe = data["figures"]["pipelining"]
@@ -37,7 +38,7 @@ def test_quick_benchmark(tmp_path):
         assert _positive(d["host_cpu_ms_per_run"]) and _positive(d["workers_cpu_ms_per_run"])
         assert d["cpu_ceiling_runs_per_s"] == pytest.approx(
             pipe["cores"] / ((d["host_cpu_ms_per_run"] + d["workers_cpu_ms_per_run"]) / 1e3))
-    assert "over bare" in proc.stdout and "over depth 1" in proc.stdout and "cores allow" in proc.stdout
+    assert "over polling bare" in proc.stdout and "over depth 1" in proc.stdout and "cores allow" in proc.stdout
 
 
 @pytest.mark.slow
