@@ -208,9 +208,14 @@ class BaseRuntime(DeviceMemoryHandle, Generic[RunT]):
 
         All zero for a runtime prepared without capture=True.
         """
-        if self._capture is None:
+        stats = self._recording_stats()
+        if stats is None:
             return {"hits": 0, "misses": 0, "entries": 0, "evictions": 0, "invalidations": 0, "limit": 0}
-        return self._capture.stats()
+        return stats
+
+    def _recording_stats(self) -> dict[str, int] | None:
+        """The level's capture counters, None without capture."""
+        return None if self._capture is None else self._capture.stats()
 
     # -- tracing ---------------------------------------------------------------------------------
     def set_tracing(self, on: bool) -> None:

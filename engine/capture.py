@@ -53,7 +53,7 @@ import numbers
 import operator
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Generic, Sequence, TypeVar
 
 from engine import _native
 from engine.errors import CaptureError
@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from engine.program import Program
     from engine.slots import Slot
 
-__all__ = ["Capture", "ScalarStandIn"]
+__all__ = ["Capture", "RecordingTable", "ScalarStandIn"]
 
 _PLANS_PER_RECORDING = 64  # materialized base tables kept per recording (slots x resident-argument placements)
 
@@ -355,14 +355,31 @@ class RecordingRun(Run):
 
 
 # -- the table -------------------------------------------------------------------------------------
-class Capture:
+_Entry = TypeVar("_Entry")
+
+
+class RecordingTable(Generic[_Entry]):
+    """What a captured runtime of any level keeps: recordings by key under a lock, least recently used
+    first, and the counters capture_stats() reports."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._lock = threading.Lock()  # runs launch from any thread
+        self._table: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        self.hits = self.misses = self.evictions = self.invalidations = 0
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            return {"hits": self.hits, "misses": self.misses, "entries": len(self._table),
+                    "evictions": self.evictions, "invalidations": self.invalidations, "limit": self._limit}
+
+
+class Capture(RecordingTable["Recorded"]):
     """A runtime's recordings, their keys and counters, and the replay of one run."""
 
     def __init__(self, program: "Program", limit: int) -> None:
+        super().__init__(limit)
         self._program = program
-        self._limit = limit
-        self._lock = threading.Lock()
-        self._table: OrderedDict[tuple[Any, ...], Recorded] = OrderedDict()
         # base key -> {read parameters: how many recordings have them}: the value tuples to look up
         self._read_sets: dict[tuple[Any, ...], dict[tuple[int, ...], int]] = {}
         self._tensor_base = {i: b for b, i in enumerate(i for i, p in enumerate(program.params)
@@ -372,12 +389,6 @@ class Capture:
         self._symbols = program.symbols
         self._slot_bases: dict[int, list[Base]] = {}
         self.recording = threading.local()  # .active: a recording orchestrates on this thread
-        self.hits = self.misses = self.evictions = self.invalidations = 0
-
-    def stats(self) -> dict[str, int]:
-        with self._lock:
-            return {"hits": self.hits, "misses": self.misses, "entries": len(self._table),
-                    "evictions": self.evictions, "invalidations": self.invalidations, "limit": self._limit}
 
     def clear(self) -> None:
         with self._lock:

@@ -24,6 +24,8 @@ the runtime (one region per pipeline slot), resident tensors are pinned to
 one worker, host callbacks (orch.submit_sub) run on the host, and
 dependencies between submissions follow the read/write rules of one device.
 scheduler.AsyncRuntime works over a DistributedRuntime unchanged.
+prepare(capture=True) records each orchestration once per capture key and
+slot and replays its submissions after (engine.distributed.capture).
 
 prepare(transport=RayTransport(...)) runs the chip workers as Ray actors,
 on one machine or across a cluster (engine.distributed.ray_transport): the

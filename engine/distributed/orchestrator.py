@@ -18,6 +18,7 @@ from engine.binding import bind_call
 from engine.distributed.graph import HOST, Submission
 from engine.distributed.memory import SharedAllocation
 from engine.distributed.program import READ, WRITE
+from engine.errors import CaptureError
 from engine.hostarrays import is_host_array
 from engine.orchestration import OrchestrationContext, ScratchArena
 from engine.program import Program
@@ -81,7 +82,7 @@ class Orchestrator(OrchestrationContext):
     def __init__(self, owner: object | None, workers: int,
                  callbacks: Mapping[str, tuple[tuple[int, ...], Callable[..., Any] | None]], registry: Registry,
                  run: "RunRecord | None", region: SharedAllocation, arena: ScratchArena,
-                 dims: dict[str, int]) -> None:
+                 dims: dict[str, int], recording: bool = False) -> None:
         super().__init__(dims, arena)
         self._owner = owner
         self._workers = workers
@@ -91,6 +92,7 @@ class Orchestrator(OrchestrationContext):
         self._region = region  # the slot's shared region (a stand-in while planning)
         self._subs: list[Submission] = []
         self._open = True
+        self._recording = recording  # a captured runtime records this orchestration (engine.distributed.capture)
 
     @property
     def workers(self) -> int:
@@ -104,6 +106,9 @@ class Orchestrator(OrchestrationContext):
 
     @property
     def run_id(self) -> int:
+        if self._recording:
+            raise CaptureError("a captured program cannot read orch.run_id: its replays are other runs (prepare "
+                               "without capture=True to use it)")
         return self._run.id if self._run is not None else 0
 
     # -- submissions ----------------------------------------------------------------------------

@@ -87,7 +87,7 @@ class DistributedProgram(ProgramBase):
                 callbacks: Mapping[str, Callable[..., Any]] | None = None, worker_threads: int | None = None,
                 memory_limit: int | None = None, scratch_bytes: int | None = None, start_method: str = "spawn",
                 startup_timeout: float = 60.0, transport: "Transport | None" = None,
-                capture: bool = False) -> "DistributedRuntime":
+                capture: bool = False, capture_limit: int = 256) -> "DistributedRuntime":
         """Starts `workers` chip-worker processes once, registers every sub-program, returns the runtime.
 
         worker_threads: executors per worker, its serving thread and
@@ -102,20 +102,18 @@ class DistributedProgram(ProgramBase):
         point of setup stops every process already started, removes the
         shared memory and re-raises the original error.
 
-        capture=True is refused: a distributed run's orchestration is not
-        recorded (its sub-programs may be prepared with capture on the
-        workers' side in a later version); ValueError before anything starts.
+        capture: record the orchestration once per capture key and slot and
+        replay its submissions after (engine.distributed.capture says what a
+        captured program may do; Scalar values are part of the key);
+        capture_limit: how many recordings the runtime keeps.
         """
         from engine.distributed.runtime import DistributedRuntime
-
-        if capture:
-            raise ValueError(f"{self.name}: engine.distributed does not capture orchestration (capture=True is for "
-                             "single-device programs); prepare without it")
 
         return DistributedRuntime(self, workers=workers, depth=depth, bounds=bounds, callbacks=callbacks,
                                   worker_threads=worker_threads, memory_limit=memory_limit,
                                   scratch_bytes=scratch_bytes, start_method=start_method,
-                                  startup_timeout=startup_timeout, transport=transport)
+                                  startup_timeout=startup_timeout, transport=transport, capture=capture,
+                                  capture_limit=capture_limit)
 
 
 def program(fn: Callable[..., Any] | None = None, *, callbacks: Mapping[str, Sequence[Any]] | None = None,

@@ -33,6 +33,7 @@ import numpy as np
 from engine import _native
 from engine.base_runtime import BaseRuntime, TaskEvent
 from engine.binding import BoundCall
+from engine.distributed.capture import DistributedCapture
 from engine.distributed.dispatch import Dispatcher
 from engine.distributed.memory import SharedAllocation, host_view
 from engine.distributed.notifier import CompletionEngine
@@ -82,7 +83,7 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
                  bounds: Mapping[str, int] | None = None, callbacks: Mapping[str, Callable[..., Any]] | None = None,
                  worker_threads: int | None = None, memory_limit: int | None = None,
                  scratch_bytes: int | None = None, start_method: str = "spawn", startup_timeout: float = 60.0,
-                 transport: Transport | None = None) -> None:
+                 transport: Transport | None = None, capture: bool = False, capture_limit: int = 256) -> None:
         if not isinstance(prog, DistributedProgram):
             raise TypeError(f"DistributedRuntime needs a distributed program, not {type(prog).__name__}")
         self._workers = check_positive_int("workers", workers)
@@ -95,6 +96,11 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
                        non_negative={"scratch_bytes": scratch_bytes})
         if isinstance(startup_timeout, bool) or not isinstance(startup_timeout, (int, float)) or startup_timeout <= 0:
             raise ValueError(f"startup_timeout must be a positive number of seconds, got {startup_timeout!r}")
+        if not isinstance(capture, bool):
+            raise TypeError(f"capture must be True or False, not {type(capture).__name__}")
+        check_positive_int("capture_limit", capture_limit)
+        # Recordings of orchestrations, when prepared with capture=True (engine.distributed.capture)
+        self._recordings = DistributedCapture(capture_limit) if capture else None
         threads = worker_threads or max(1, (os.cpu_count() or 1) // workers)
         # Everything that can fail without a process runs first.
         self._plan = plan(prog, workers, self.bounds, threads)
@@ -298,6 +304,9 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         t_admitted = now() if spans is not None else 0
         orch: Orchestrator | None = None
         outputs: list[Any] = []
+        recordings = self._recordings
+        key = recordings.key(call) if recordings is not None else None
+        replay = recordings.lookup(key, slot_index) if recordings is not None and key is not None else None
         try:
             fn_args: list[Any] = []
             copy_outs: list[tuple[np.ndarray, np.ndarray]] = []
@@ -322,13 +331,20 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
                     np.copyto(region, a.host)
                 if spec.writes:
                     copy_outs.append((a.host, region))
-                fn_args.append(slot.tensor(a.param.name, a.shape, spec.dtype))
+                if replay is None:
+                    fn_args.append(slot.tensor(a.param.name, a.shape, spec.dtype))
             t_staged = now() if spans is not None else 0
-            arena = ScratchArena(slot.alloc, self._layout.scratch_offset, self._layout.scratch_size, "shared scratch")
-            orch = Orchestrator(self, self._workers, self._callbacks, self._registry, run, slot.alloc, arena,
-                                call.dims)
-            self.program.invoke(orch, fn_args)
-            subs = orch.seal()
+            if replay is not None:
+                subs = replay.replay(run)
+            else:
+                arena = ScratchArena(slot.alloc, self._layout.scratch_offset, self._layout.scratch_size,
+                                     "shared scratch")
+                orch = Orchestrator(self, self._workers, self._callbacks, self._registry, run, slot.alloc, arena,
+                                    call.dims, recording=key is not None)
+                self.program.invoke(orch, fn_args)
+                subs = orch.seal()
+                if recordings is not None and key is not None:
+                    recordings.record(key, slot_index, call, subs)
         except BaseException:
             if orch is not None:
                 orch.seal()  # a kept `orch` can submit no more
@@ -343,6 +359,9 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
             self._record_spans(spans, run_id, slot_index, dispatch_ns, t_admitted, t_staged, now())
         return run, run_id, (call, outputs)
 
+    def _recording_stats(self) -> dict[str, int] | None:
+        return None if self._recordings is None else self._recordings.stats()
+
     # -- closing ------------------------------------------------------------------------------------------
     def _drain_device(self) -> None:
         with self._state_cv:
@@ -352,6 +371,8 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
 
     def _teardown(self) -> None:
         self._replicas_checked.clear()  # its tensors' allocations hold this runtime
+        if self._recordings is not None:
+            self._recordings.clear()  # so do the recordings' (and they hold views of the regions)
         if self._dispatcher is not None:
             self._dispatcher.close()  # the callback thread is done with the regions from here
         self._drop_views()

@@ -200,3 +200,21 @@ def pipeline(orch: dist.Orchestrator, x: In(("B", D)), wa: In((D, D)), wb: In((D
     orch.submit(matmul, x, wa, h, worker=0)
     orch.submit(scale, h, h2, 2.0, worker=0)
     orch.submit(matmul, h2, wb, y, worker=1)
+
+
+# Resident tensors a program reaches by itself (not through its arguments), keyed by name: see reaches_resident.
+REACHED: dict[str, object] = {}
+
+
+@dist.program
+def reaches_resident(orch: dist.Orchestrator, y: Out(("B", D))):
+    """y = REACHED["w"], a resident tensor on worker 0 that the function finds by name, not as an argument."""
+    # prepare's planning pass runs before any resident tensor exists: it submits the same program on scratch
+    w = orch.scratch(("B", D), "float32") if orch.planning else REACHED["w"]
+    orch.submit(scale, w, y, 1.0, worker=0)
+
+
+@dist.program
+def tags_run_id(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
+    """Scales by a factor taken from the run's id: what a captured program must not do."""
+    orch.submit(scale, x, y, float(orch.run_id % 2 + 1), worker=0)

@@ -168,9 +168,10 @@ def test_resident_weights_never_cross(cluster, weights):
 
 
 def test_pipeline_parallel_stages_hand_over_through_the_host(cluster):
+    """Captured (the other Ray tests are not): the first run on each slot records, the rest replay."""
     rng = np.random.default_rng(3)
     wa, wb = randn(rng, P.D, P.D, scale=0.1), randn(rng, P.D, P.D, scale=0.1)
-    drt = _ray(P.pipeline, depth=3, bounds={"B": B})
+    drt = _ray(P.pipeline, depth=3, bounds={"B": B}, capture=True)
     try:
         drt.set_tracing(True)
         xs = [randn(rng, B, P.D) for _ in range(6)]
@@ -183,6 +184,8 @@ def test_pipeline_parallel_stages_hand_over_through_the_host(cluster):
             ev = sorted((e for e in events if e[0] == run), key=lambda e: e[1])
             assert [e[2] for e in ev] == [0, 0, 1]
             assert ev[0][4] <= ev[1][3] + 1_000_000 and ev[1][4] <= ev[2][3] + 1_000_000  # clocks: 1 ms slack
+        stats = drt.capture_stats()
+        assert (stats["misses"], stats["hits"]) == (3, 3)
     finally:
         drt.close()
 

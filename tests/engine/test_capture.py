@@ -409,17 +409,6 @@ def test_the_async_surface_replays(prepared):
     assert rt.capture_stats() == {**rt.capture_stats(), "misses": 1, "hits": 7}
 
 
-def test_distributed_programs_refuse_capture():
-    import engine.distributed as dist
-
-    @dist.program
-    def nothing(orch, x: In((4,))):
-        pass
-
-    with pytest.raises(ValueError, match="does not capture"):
-        nothing.prepare(workers=1, capture=True)
-
-
 def _orchestration_us(capture: bool, x: np.ndarray, w: np.ndarray) -> float:
     from tandem.programs import small_tasks
 

@@ -1,0 +1,134 @@
+"""Captured distributed runs (engine.distributed.capture): recorded once per key and slot, replayed after."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import pytest
+
+import engine
+import engine.distributed as dist
+from scheduler import AsyncRuntime
+from tests.distributed import programs as P
+from tests.distributed.conftest import mlp_reference, randn
+
+B = 8
+
+
+def _stats(drt: dist.DistributedRuntime) -> tuple[int, int]:
+    s = drt.capture_stats()
+    return s["misses"], s["hits"]
+
+
+def test_replays_compute_what_the_orchestration_does_on_every_slot(prepare):
+    """Data parallel over resident replicas, a host callback between two workers, and strided column shards
+    gathered on the host: the first run on each slot records, every later one replays, results as numpy's."""
+    rng = np.random.default_rng(0)
+    w1, w2 = randn(rng, P.D, P.H, scale=0.2), randn(rng, P.H, P.D, scale=0.2)
+    dp = prepare(P.dp_mlp_resident, depth=2, bounds={"B": B}, capture=True)
+    r1 = [dp.alloc_tensor(w1.shape, init=w1, worker_id=i) for i in range(2)]
+    r2 = [dp.alloc_tensor(w2.shape, init=w2, worker_id=i) for i in range(2)]
+    chain = prepare(P.chain, depth=2, bounds={"B": B}, callbacks={"double": P.double}, capture=True)
+    tp = prepare(P.tp_matmul, depth=3, bounds={"B": B}, callbacks={"gather": P.gather}, capture=True)
+    w = randn(rng, P.KD, P.N)
+    for _ in range(6):
+        x = randn(rng, B, P.D)
+        np.testing.assert_allclose(dp(x, r1, r2), mlp_reference(x, w1, w2), rtol=1e-4, atol=1e-5)
+        np.testing.assert_allclose(chain(x), x * 3.0, rtol=1e-6)
+        xk = randn(rng, B, P.KD)
+        np.testing.assert_allclose(tp(xk, w), xk @ w, rtol=1e-4, atol=1e-4)
+    handles = [dp.submit(x, r1, r2) for x in [randn(rng, B, P.D) for _ in range(4)]]  # runs in flight on both slots
+    for h in handles:
+        h.result(timeout=60)
+    assert _stats(dp) == (2, 8) and _stats(chain) == (2, 4) and _stats(tp) == (3, 3)
+    assert dp.capture_stats()["entries"] == 2 and dp.capture_stats()["limit"] == 256
+
+
+def test_replays_keep_the_order_of_runs_on_resident_memory(prepare):
+    """acc = 2 acc + x, runs in flight together: each replay orders after the run before it on the same tensor."""
+    drt = prepare(P.horner, depth=2, bounds={"B": B}, capture=True)
+    acc = drt.alloc_tensor((B, P.D), init=np.zeros((B, P.D), np.float32), worker_id=1)
+    xs = [np.full((B, P.D), float(i), np.float32) for i in range(1, 9)]
+    for h in [drt.submit(x, acc, 1) for x in xs]:
+        h.result(timeout=60)
+    expected = np.zeros((B, P.D), np.float32)
+    for x in xs:
+        expected = 2 * expected + x
+    np.testing.assert_array_equal(acc.to_numpy(), expected)
+    assert _stats(drt) == (2, 6)
+
+
+def test_a_scalar_is_part_of_the_key(prepare):
+    """Another factor or another worker records anew (the value is baked into the recording), and each runs with
+    its own value; a value seen before replays again."""
+    drt = prepare(P.scaled_on, depth=1, bounds={"B": B}, capture=True)
+    acc = [drt.alloc_tensor((B, P.D), init=np.zeros((B, P.D), np.float32), worker_id=i) for i in range(2)]
+    x = np.ones((B, P.D), np.float32)
+    for factor, worker, misses in [(2.0, 0, 1), (2.0, 0, 1), (3.0, 0, 2), (3.0, 1, 3), (2.0, 0, 3)]:
+        _, y = drt(x, acc[worker], factor=factor, worker=worker)
+        np.testing.assert_array_equal(y, x * factor)
+        assert drt.capture_stats()["misses"] == misses
+    np.testing.assert_array_equal(acc[0].to_numpy(), 4 * x)
+    np.testing.assert_array_equal(acc[1].to_numpy(), x)
+    with pytest.raises(ValueError, match="worker 5 does not exist"):  # a new key records: its checks still run
+        drt(x, acc[0], factor=1.0, worker=5)
+    np.testing.assert_array_equal(drt(x, acc[1], factor=1.0, worker=1)[1], x)
+
+
+def test_a_recording_whose_reached_tensor_was_freed_is_recorded_again(prepare):
+    drt = prepare(P.reaches_resident, depth=1, bounds={"B": B}, capture=True)
+    y = np.zeros((B, P.D), np.float32)
+    first = np.full((B, P.D), 1.0, np.float32)
+    P.REACHED["w"] = drt.alloc_tensor(first.shape, init=first, worker_id=0)
+    try:
+        np.testing.assert_array_equal(drt(y), first)
+        np.testing.assert_array_equal(drt(y), first)
+        drt.free_tensor(P.REACHED["w"])
+        second = np.full((B, P.D), 2.0, np.float32)
+        P.REACHED["w"] = drt.alloc_tensor(second.shape, init=second, worker_id=0)
+        np.testing.assert_array_equal(drt(y), second)
+        stats = drt.capture_stats()
+        assert (stats["misses"], stats["hits"], stats["invalidations"]) == (2, 1, 1)
+    finally:
+        P.REACHED.clear()
+
+
+def test_reading_the_run_id_while_recording_raises_and_the_runtime_stays_usable(prepare):
+    drt = prepare(P.tags_run_id, depth=2, bounds={"B": B}, capture=True)
+    x = np.ones((B, P.D), np.float32)
+    with pytest.raises(engine.CaptureError, match="run_id"):
+        drt(x)
+    assert drt.memory_stats()["free_slots"] == 2 and drt.capture_stats()["entries"] == 0
+    plain = prepare(P.tags_run_id, depth=2, bounds={"B": B})  # uncaptured it may
+    assert plain(x)[0, 0] in (1.0, 2.0)
+
+
+def test_the_oldest_recording_goes_past_the_limit(prepare):
+    drt = prepare(P.scaled_on, depth=1, bounds={"B": B}, capture=True, capture_limit=2)
+    acc = drt.alloc_tensor((B, P.D), init=np.zeros((B, P.D), np.float32), worker_id=0)
+    x = np.ones((B, P.D), np.float32)
+    for factor in (1.0, 2.0, 3.0, 1.0):
+        np.testing.assert_array_equal(drt(x, acc, factor=factor, worker=0)[1], x * factor)
+    stats = drt.capture_stats()
+    assert (stats["misses"], stats["hits"], stats["entries"], stats["evictions"]) == (4, 0, 2, 2)
+
+
+def test_awaited_and_streamed_runs_replay(prepare):
+    drt = prepare(P.chain, depth=2, bounds={"B": B}, callbacks={"double": P.double}, capture=True)
+    xs = [randn(np.random.default_rng(i), B, P.D) for i in range(8)]
+
+    async def main():
+        async with AsyncRuntime(drt) as art:
+            first = await art.call(xs[0])
+            return [first] + [y async for y in art.stream(xs[1:])]
+
+    for x, y in zip(xs, anyio.run(main)):
+        np.testing.assert_allclose(y, x * 3.0, rtol=1e-6)
+    assert _stats(drt) == (2, 6)
+
+
+@pytest.mark.parametrize("kwargs, error", [({"capture": "yes"}, TypeError), ({"capture": True, "capture_limit": 0},
+                                                                               ValueError)])
+def test_bad_capture_options_are_refused_before_any_process_starts(kwargs, error):
+    with pytest.raises(error, match="capture"):
+        P.chain.prepare(workers=2, bounds={"B": B}, callbacks={"double": P.double}, **kwargs)
