@@ -151,6 +151,9 @@ def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
         out["drt(x) over a bare round trip whose ends poll first (lower is better)"] = \
             f["overhead"]["sync_over_bare_polling"]
         out["await art.call over the polling bare round trip (lower is better)"] = f["overhead"]["async_over_bare_polling"]
+    if "captured_sync_over_uncaptured" in f["overhead"]:
+        out["captured drt(x) over uncaptured (lower is better)"] = f["overhead"]["captured_sync_over_uncaptured"]
+        out["captured DP MLP depth 3, runs/s over uncaptured"] = f["pipelining"]["captured_depth3"]["over_uncaptured"]
     for d in f["pipelining"]["depths"]:
         if d["depth"] > 1:
             out[f"depth {d['depth']} over depth 1, runs/s"] = d["speedup_over_depth1"]

@@ -13,13 +13,18 @@
    readers do). On a VM the first pays a wake-up of a halted CPU when the
    host happens to halt it (its figure moves between about 18 and 55 us from
    run to run); the second is the floor that compares like with like.
+   Both runtime paths are measured twice more with the program prepared
+   with capture=True (engine.distributed.capture: a replay skips the
+   orchestration function), as ratios over the uncaptured ones.
 2. Pipelining. A data-parallel MLP (batch shards, resident weights per
    worker) streamed through scheduler.AsyncRuntime at depth 1, 2 and 3 on
    one runtime: throughput, speedup over depth 1, and the fraction of the
    overlap bound 1 / max(T_host, T_worker), with T_host (staging,
    orchestration, seal) and T_worker (first task start to last task end)
    measured per run at depth 1. On a 2-core machine the 2 workers and the
-   host share the cores, so the overlap has little idle CPU to use.
+   host share the cores, so the overlap has little idle CPU to use. The
+   same program prepared with capture=True is streamed at depth 3 in the
+   same reps.
 3. With --ray: the same on Ray, in a local two-node cluster
    (ray.cluster_utils.Cluster; one pool thread per worker). Per-run overhead of the
    one-copy program through RayTransport (sync and awaited) against a bare
@@ -177,52 +182,65 @@ def per_run_seconds(fn, runs: int) -> float:
 
 
 def overhead_against(drt: dist.DistributedRuntime, baseline: Any, label: str, key: str, runs: int, reps: int,
-                     prefix: str = "", also: tuple[Any, str, str] | None = None) -> tuple[list[list], dict]:
+                     prefix: str = "", also: tuple[Any, str, str] | None = None,
+                     captured: dist.DistributedRuntime | None = None) -> tuple[list[list], dict]:
     """Per-run cost of the one-copy program on `drt` (sync and awaited) against `baseline(i)` doing the same
     copy, interleaved rep by rep; figures named <key>_us, sync_over_<key>, async_over_<key>. also: a second
-    baseline (fn, label, key) measured in the same reps, with its own figures and a column of ratios."""
+    baseline (fn, label, key) measured in the same reps, with its own figures and a column of ratios.
+    captured: the same program prepared with capture=True, measured in the same reps (figures prefixed
+    captured_, and captured_over_uncaptured for each mode)."""
     x = np.arange(N, dtype=np.float32)
     y = np.zeros(N, np.float32)
-    np.testing.assert_array_equal(drt(x), x)
+    runtimes = [("", "", drt)] + ([("captured ", "captured_", captured)] if captured is not None else [])
+    for _, _, rt in runtimes:
+        np.testing.assert_array_equal(rt(x), x)
 
-    async def async_per_run() -> float:
-        async with AsyncRuntime(drt) as art:
-            for _ in range(runs // 10):
-                await art.call(x, y)
-            t0 = time.perf_counter()
-            for _ in range(runs):
-                await art.call(x, y)
-            return (time.perf_counter() - t0) / runs
+    def async_per_run(rt: dist.DistributedRuntime) -> float:
+        async def main() -> float:
+            async with AsyncRuntime(rt) as art:
+                for _ in range(runs // 10):
+                    await art.call(x, y)
+                t0 = time.perf_counter()
+                for _ in range(runs):
+                    await art.call(x, y)
+                return (time.perf_counter() - t0) / runs
 
-    samples: dict[str, list[float]] = {key: [], "sync": [], "async": []}
-    if also is not None:
-        samples[also[2]] = []
+        return anyio.run(main)
+
+    baselines = [(baseline, label, key)] + ([also] if also is not None else [])
+    samples: dict[str, list[float]] = {k: [] for _, _, k in baselines}
+    for _, kp, _ in runtimes:
+        samples[f"{kp}sync"], samples[f"{kp}async"] = [], []
 
     def one_rep() -> float:  # interleaved: they all see the same machine state
-        samples[key].append(per_run_seconds(lambda i: baseline(x, y, i), runs))
-        if also is not None:
-            samples[also[2]].append(per_run_seconds(lambda i: also[0](x, y, i), runs))
-        samples["sync"].append(per_run_seconds(lambda i: drt(x, y), runs))
-        samples["async"].append(anyio.run(async_per_run))
+        for fn, _, k in baselines:
+            samples[k].append(per_run_seconds(lambda i: fn(x, y, i), runs))
+        for _, kp, rt in runtimes:
+            samples[f"{kp}sync"].append(per_run_seconds(lambda i: rt(x, y), runs))
+            samples[f"{kp}async"].append(async_per_run(rt))
         return samples["sync"][-1] / samples[key][-1]
 
     sync_ratio = repeat(one_rep, reps)
-    async_ratio = float(np.median([a / b for a, b in zip(samples["async"], samples[key])][-reps:]))
     med = {k: float(np.median(v[-reps:])) for k, v in samples.items()}
-    rows = [
-        [label, med[key] * 1e6, 1.0],
-        [f"{prefix}drt(x) (sync)", med["sync"] * 1e6, sync_ratio["median"]],
-        [f"{prefix}await art.call(x)", med["async"] * 1e6, async_ratio],
-    ]
-    figures = {"runs": runs, "reps": reps, f"{key}_us": med[key] * 1e6, "sync_us": med["sync"] * 1e6,
-               "async_us": med["async"] * 1e6, f"sync_over_{key}": sync_ratio, f"async_over_{key}": async_ratio}
-    if also is not None:
-        k2 = also[2]
-        over2 = {m: float(np.median([a / b for a, b in zip(samples[m], samples[k2])][-reps:])) for m in ("sync", "async")}
-        rows.insert(1, [also[1], med[k2] * 1e6, med[k2] / med[key]])
-        for row, m in zip(rows, (key, k2, "sync", "async")):
-            row.append(1.0 if m == k2 else med[key] / med[k2] if m == key else over2[m])
-        figures.update({f"{k2}_us": med[k2] * 1e6, f"sync_over_{k2}": over2["sync"], f"async_over_{k2}": over2["async"]})
+
+    def over(a: str, b: str) -> float:  # the median of the per-rep ratios
+        return float(np.median([p / q for p, q in zip(samples[a][-reps:], samples[b][-reps:])]))
+
+    figures: dict[str, Any] = {"runs": runs, "reps": reps}
+    rows = []
+    for _, lab, k in baselines:
+        figures[f"{k}_us"] = med[k] * 1e6
+        rows.append([lab, med[k] * 1e6, *(med[k] / med[b] for _, _, b in baselines)])
+    for lp, kp, _ in runtimes:
+        for mode, what in (("sync", "drt(x) (sync)"), ("async", "await art.call(x)")):
+            m = f"{kp}{mode}"
+            figures[f"{m}_us"] = med[m] * 1e6
+            for _, _, b in baselines:
+                figures[f"{m}_over_{b}"] = over(m, b)
+            rows.append([f"{prefix}{lp}{what}", med[m] * 1e6, *(figures[f"{m}_over_{b}"] for _, _, b in baselines)])
+            if kp:
+                figures[f"{m}_over_uncaptured"] = over(m, mode)
+    figures[f"sync_over_{key}"] = sync_ratio  # the headline ratio with its spread
     return rows, figures
 
 
@@ -230,11 +248,14 @@ def overhead(runs: int, reps: int) -> tuple[list[list], dict]:
     bare = BareRoundTrip()
     polling = BareRoundTrip(DEFAULT_SPIN_US)
     drt = one_copy.prepare(workers=1, worker_threads=1, depth=2)
+    captured = one_copy.prepare(workers=1, worker_threads=1, depth=2, capture=True)
     try:
         return overhead_against(drt, bare, "bare shm + pipe round trip", "bare", runs, reps,
-                                also=(polling, f"bare, both ends polling {DEFAULT_SPIN_US} us first", "bare_polling"))
+                                also=(polling, f"bare, both ends polling {DEFAULT_SPIN_US} us first", "bare_polling"),
+                                captured=captured)
     finally:
         drt.close()
+        captured.close()
         bare.close()
         polling.close()
 
@@ -244,13 +265,17 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
     w1 = (rng.standard_normal((D, H)) * 0.05).astype(np.float32)
     w2 = (rng.standard_normal((H, D)) * 0.05).astype(np.float32)
     xs = [rng.standard_normal((batch, D)).astype(np.float32) for _ in range(8)]
-    drt = dp_mlp.prepare(workers=workers, worker_threads=1, depth=3, bounds={"B": batch})
+    # The same program captured (engine.distributed.capture), streamed at depth 3 in the same reps.
+    drts = {c: dp_mlp.prepare(workers=workers, worker_threads=1, depth=3, bounds={"B": batch}, capture=c)
+            for c in (False, True)}
     try:
-        w1s = [drt.alloc_tensor((D, H), init=w1, worker_id=i) for i in range(workers)]
-        w2s = [drt.alloc_tensor((H, D), init=w2, worker_id=i) for i in range(workers)]
+        weights = {c: ([rt.alloc_tensor((D, H), init=w1, worker_id=i) for i in range(workers)],
+                       [rt.alloc_tensor((H, D), init=w2, worker_id=i) for i in range(workers)])
+                   for c, rt in drts.items()}
         outs = [np.empty((batch, D), np.float32) for _ in range(3)]
 
-        async def stream(depth: int) -> tuple[float, float, float, float, float]:
+        async def stream(depth: int, captured: bool = False) -> tuple[float, float, float, float, float]:
+            drt, (w1s, w2s) = drts[captured], weights[captured]
             items = [(xs[i % len(xs)], w1s, w2s, outs[i % 3]) for i in range(runs)]
             async with AsyncRuntime(drt) as art:
                 cpu0 = cpu_seconds(drt.pids)
@@ -262,17 +287,20 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
                 s = art.stats()
             return rate, s.orchestration.p50, s.device.p50, (cpu1[0] - cpu0[0]) / runs, (cpu1[1] - cpu0[1]) / runs
 
-        # depth -> per rep (runs/s, host orchestration p50 s, worker p50 s, host CPU s a run, workers' CPU s a run)
-        results: dict[int, list[tuple[float, float, float, float, float]]] = {1: [], 2: [], 3: []}
+        # depth (-3: captured at depth 3) -> per rep (runs/s, host orchestration p50 s, worker p50 s, host CPU s a
+        # run, workers' CPU s a run)
+        results: dict[int, list[tuple[float, float, float, float, float]]] = {1: [], 2: [], 3: [], -3: []}
 
         def one_rep() -> float:
             for depth in (1, 2, 3):
                 results[depth].append(anyio.run(stream, depth))
+            results[-3].append(anyio.run(stream, 3, True))
             return results[2][-1][0] / results[1][-1][0]
 
         speedup2 = repeat(one_rep, reps)
     finally:
-        drt.close()
+        for rt in drts.values():
+            rt.close()
     rows, figures = [], {"batch": batch, "width": D, "hidden": H, "workers": workers, "runs": runs, "reps": reps,
                          "depths": []}
     base = float(np.median([r[0] for r in results[1][-reps:]]))
@@ -298,6 +326,12 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
                                   "cpu_ceiling_over_bound": cpu_ceiling / bound})
         rows.append([depth, rate, float(np.median(speedups)), rate / bound, host * 1e3, device * 1e3,
                      host_cpu * 1e3, workers_cpu * 1e3, cpu_ceiling / bound])
+    captured = results[-3][-reps:]
+    figures["captured_depth3"] = {
+        "runs_per_s": float(np.median([r[0] for r in captured])),
+        "over_uncaptured": float(np.median([r[0] / u[0] for r, u in zip(captured, results[3][-reps:])])),
+        "host_ms_p50": float(np.median([r[1] for r in captured])) * 1e3,
+        "host_cpu_ms_per_run": float(np.median([r[3] for r in captured])) * 1e3}
     figures["cores"] = cores
     figures["speedup_depth2"] = speedup2
     figures["depth1_runs_per_s"] = base
@@ -488,6 +522,9 @@ def main(argv: list[str] | None = None) -> dict:
           f"AsyncRuntime.stream; bound 1/max(T_host, T_worker) at depth 1 = {pipe['bound_runs_per_s']:.0f} runs/s:")
     print_table(["depth", "runs/s", "over depth 1", "of bound", "host ms p50", "worker ms p50", "host CPU ms/run",
                  "workers CPU ms/run", f"{pipe['cores']} cores allow, of bound"], prow)
+    cap = pipe["captured_depth3"]
+    print(f"captured (capture=True), depth 3: {cap['runs_per_s']:.3g} runs/s, {cap['over_uncaptured']:.3g}x uncaptured; "
+          f"host ms p50 {cap['host_ms_p50']:.3g}, host CPU ms/run {cap['host_cpu_ms_per_run']:.3g}")
     print()
     figures: dict = {"overhead": over, "pipelining": pipe}
     if args.ray:

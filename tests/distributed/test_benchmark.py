@@ -26,10 +26,12 @@ def test_quick_benchmark(tmp_path):
     assert data["benchmark"] == "distributed"
     over = data["figures"]["overhead"]
     for key in ("bare_us", "bare_polling_us", "sync_us", "async_us", "async_over_bare", "sync_over_bare_polling",
-                "async_over_bare_polling"):
+                "async_over_bare_polling", "captured_sync_us", "captured_async_us", "captured_sync_over_bare_polling",
+                "captured_sync_over_uncaptured", "captured_async_over_uncaptured"):
         assert _positive(over[key]), key
     assert _positive(over["sync_over_bare"]["median"])
     pipe = data["figures"]["pipelining"]
+    assert _positive(pipe["captured_depth3"]["runs_per_s"]) and _positive(pipe["captured_depth3"]["over_uncaptured"])
     assert [d["depth"] for d in pipe["depths"]] == [1, 2, 3]
     for d in pipe["depths"]:
         assert _positive(d["runs_per_s"]) and _positive(d["speedup_over_depth1"]) and _positive(d["fraction_of_bound"])
