@@ -132,3 +132,34 @@ def test_awaited_and_streamed_runs_replay(prepare):
 def test_bad_capture_options_are_refused_before_any_process_starts(kwargs, error):
     with pytest.raises(error, match="capture"):
         P.chain.prepare(workers=2, bounds={"B": B}, callbacks={"double": P.double}, **kwargs)
+
+
+def _orchestration_us(drt: dist.DistributedRuntime, args: tuple, runs: int = 40) -> float:
+    drt.set_tracing(True)
+    try:
+        drt.drain_trace()
+        for _ in range(runs):
+            drt(*args)
+        spans, _ = drt.drain_trace()
+    finally:
+        drt.set_tracing(False)
+    return float(np.median([e - s for _, _, name, s, e in spans if name == "orchestration"]))
+
+
+def test_a_replay_costs_the_host_less_than_the_orchestration_it_replaces(prepare):
+    """The orchestration span (the function, or the replay, through sealing and sending) of a data-parallel
+    step over two workers, captured against uncaptured, interleaved, best of three; measured 0.45-0.57 on 2
+    shared cores, guarded with a wide margin."""
+    rng = np.random.default_rng(1)
+    w1, w2 = randn(rng, P.D, P.H, scale=0.2), randn(rng, P.H, P.D, scale=0.2)
+    args = {}
+    for captured in (False, True):
+        drt = prepare(P.dp_mlp_resident, depth=2, bounds={"B": B}, capture=captured)
+        r1 = [drt.alloc_tensor(w1.shape, init=w1, worker_id=i) for i in range(2)]
+        r2 = [drt.alloc_tensor(w2.shape, init=w2, worker_id=i) for i in range(2)]
+        args[captured] = (drt, (randn(rng, B, P.D), r1, r2))
+    ratios = []
+    for _ in range(3):
+        times = {c: _orchestration_us(drt, a) for c, (drt, a) in args.items()}
+        ratios.append(times[True] / times[False])
+    assert min(ratios) < 0.85, ratios
