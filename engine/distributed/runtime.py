@@ -305,9 +305,11 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         orch: Orchestrator | None = None
         outputs: list[Any] = []
         recordings = self._recordings
-        key = recordings.key(call) if recordings is not None else None
-        replay = recordings.lookup(key, slot_index) if recordings is not None and key is not None else None
+        key: tuple[Any, ...] | None = None
         try:
+            if recordings is not None:
+                key = recordings.key(call)
+            replay = recordings.lookup(key, slot_index) if recordings is not None and key is not None else None
             fn_args: list[Any] = []
             copy_outs: list[tuple[np.ndarray, np.ndarray]] = []
             for a in call.args:
