@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.capture import RecordingTable
 from engine.distributed.graph import Submission
-from engine.distributed.memory import SharedAllocation
+from engine.distributed.memory import SharedAllocation, none_freed
 from engine.specs import Scalar
 from engine.tensor import DeviceTensor
 
@@ -68,10 +68,7 @@ class Recording:
         self.allocs = allocs  # held: the ids in the key stay theirs while the recording lives
 
     def live(self) -> bool:
-        for alloc in self.allocs:
-            if alloc.freed:
-                return False
-        return True
+        return none_freed(self.allocs)
 
     def replay(self, run: "RunRecord") -> list[Submission]:
         """This run's submissions, as the recorded orchestration made them."""
@@ -137,4 +134,6 @@ class DistributedCapture(RecordingTable[Recording]):
 
 
 def _resident(t: DeviceTensor) -> tuple[Any, ...]:
-    return (id(t._alloc), t._offset, t._shape, t._strides, t._dtype)
+    """A resident view's part of the key: the view's own identity key (allocation id, offset, shape, strides,
+    dtype), made once per view."""
+    return t._key if t._key is not None else t._make_key()

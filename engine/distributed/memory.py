@@ -16,7 +16,7 @@ from engine import _native
 from engine.dtypes import as_dtype
 from engine.tensor import Allocation, DeviceTensor
 
-__all__ = ["SharedAllocation", "host_view", "strided_view", "descriptor_view", "region_arguments"]
+__all__ = ["SharedAllocation", "host_view", "strided_view", "descriptor_view", "region_arguments", "none_freed"]
 
 # Host-side ids of shared regions (and planning stand-ins): only identity matters on the host.
 _ids = itertools.count(1)
@@ -64,3 +64,11 @@ def strided_view(base: np.ndarray, offset: int, shape: tuple[int, ...], strides:
     if not writable:
         arr.flags.writeable = False
     return arr
+
+
+def none_freed(allocs: tuple[Allocation, ...]) -> bool:
+    """Whether every allocation a kept submission (or recording) names is still alive."""
+    for alloc in allocs:
+        if alloc.freed:
+            return False
+    return True

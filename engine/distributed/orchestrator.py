@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from engine.binding import bind_call
 from engine.distributed.graph import HOST, Submission
-from engine.distributed.memory import SharedAllocation
+from engine.distributed.memory import SharedAllocation, none_freed
 from engine.distributed.program import READ, WRITE
 from engine.errors import CaptureError
 from engine.hostarrays import is_host_array
@@ -279,10 +279,7 @@ class _Bound:
             if isinstance(p.spec, Scalar))
 
     def live(self) -> bool:
-        for alloc in self.allocs:
-            if alloc.freed:
-                return False
-        return True
+        return none_freed(self.allocs)
 
     def with_scalars(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
         if not self.scalars:
@@ -299,14 +296,14 @@ def _layout(program: Any, worker: Any, args: tuple, kwargs: dict[str, Any]) -> t
     key: list[Any] = [id(program), worker, len(args)]
     for v in args:
         if isinstance(v, DeviceTensor):
-            key.append((id(v._alloc), v._offset, v._shape, v._strides, v._dtype))
+            key.append(v._key if v._key is not None else v._make_key())
         elif isinstance(v, (int, float)):
             key.append(type(v))
         else:
             return None
     for name, v in kwargs.items():
         if isinstance(v, DeviceTensor):
-            key.append((name, id(v._alloc), v._offset, v._shape, v._strides, v._dtype))
+            key.append((name, v._key if v._key is not None else v._make_key()))
         elif isinstance(v, (int, float)):
             key.append((name, type(v)))
         else:

@@ -305,11 +305,12 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         orch: Orchestrator | None = None
         outputs: list[Any] = []
         recordings = self._recordings
-        key: tuple[Any, ...] | None = None
+        key: tuple[Any, ...] = ()  # the capture key, when this runtime captures
+        replay = None
         try:
             if recordings is not None:
                 key = recordings.key(call)
-            replay = recordings.lookup(key, slot_index) if recordings is not None and key is not None else None
+                replay = recordings.lookup(key, slot_index)
             fn_args: list[Any] = []
             copy_outs: list[tuple[np.ndarray, np.ndarray]] = []
             for a in call.args:
@@ -342,10 +343,10 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
                 arena = ScratchArena(slot.alloc, self._layout.scratch_offset, self._layout.scratch_size,
                                      "shared scratch")
                 orch = Orchestrator(self, self._workers, self._callbacks, self._registry, run, slot.alloc, arena,
-                                    call.dims, recording=key is not None)
+                                    call.dims, recording=recordings is not None)
                 self.program.invoke(orch, fn_args)
                 subs = orch.seal()
-                if recordings is not None and key is not None:
+                if recordings is not None:
                     recordings.record(key, slot_index, call, subs)
         except BaseException:
             if orch is not None:
