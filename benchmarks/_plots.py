@@ -252,7 +252,9 @@ def distributed(data: dict[str, Any], out: Path) -> list[Path]:
     f = data["figures"]
     plt = _plt()
     ray = f.get("ray")
-    fig, axes = plt.subplots(1, 4 if ray else 2, figsize=(20 if ray else 10, 4.5))
+    sweep = f.get("pipelining_sweep")  # results from before the batch sweep have none
+    panels = 2 + (1 if sweep else 0) + (2 if ray else 0)
+    fig, axes = plt.subplots(1, panels, figsize=(5 * panels, 4.5))
     a1, a2 = axes[0], axes[1]
     o = f["overhead"]
     bars = [("bare shm + pipe\n(sleeping reads)", o["bare_us"], "black")]
@@ -272,14 +274,30 @@ def distributed(data: dict[str, Any], out: Path) -> list[Path]:
     a2.set_ylabel("runs per second (median)")
     a2.set_title(f"Data-parallel MLP on {p['workers']} chip workers")
     a2.legend(fontsize=8, loc="lower right")
+    if sweep:
+        a5 = axes[2]
+        pts = sweep["points"]
+        batches = [q["batch"] for q in pts]
+        a5.plot(batches, [q["fraction_of_bound"] for q in pts], "o-", color=TANDEM, lw=2.5, label="Tandem, depth 3")
+        a5.plot(batches, [q["cpu_ceiling_over_bound"] for q in pts], "s--", color="gray", lw=1.5,
+                label=f"what {sweep['cores']} cores allow at its CPU a run")
+        a5.axhline(0.85, color="black", ls=":", lw=1, label="target 0.85")
+        a5.set_xscale("log", base=2)
+        a5.set_xticks(batches, [str(b) for b in batches])
+        a5.minorticks_off()
+        a5.set_ylim(0, 1.05)
+        a5.set_xlabel("batch (split over the workers)")
+        a5.set_ylabel("runs/s over 1/max(T_host, T_worker)")
+        a5.set_title("Data-parallel MLP over batch sizes")
+        a5.legend(fontsize=8, loc="lower right")
     if ray:
         r, sc = ray["overhead"], ray["scaling"]
-        a3 = axes[2]
+        a3 = axes[-2]
         a3.bar(["Compiled Graph\nstep", "RayTransport\ndrt(x)", "RayTransport\nawait"],
                [r["cgraph_us"], r["sync_us"], r["async_us"]], color=["black", TANDEM, "#aec7e8"])
         a3.set_ylabel("us per run (median)")
         a3.set_title(f"Ray ({ray['channel']} channel): per-run overhead, driver's node")
-        a4 = axes[3]
+        a4 = axes[-1]
         pts = sc["points"]
         a4.plot([q["gflop_per_run"] for q in pts], [q["two_over_one"]["median"] for q in pts], "o-", color=TANDEM,
                 lw=2.5, label="two nodes over one")

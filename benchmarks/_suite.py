@@ -162,6 +162,11 @@ def distributed_headlines(f: dict[str, Any]) -> dict[str, float]:
     if "cpu_ceiling_over_bound" in deepest:  # results from before the CPU was measured have none
         out[f"depth {deepest['depth']}: what the cores allow at its CPU a run, of the bound"] = \
             deepest["cpu_ceiling_over_bound"]
+    sweep = f.get("pipelining_sweep")
+    if sweep:  # results from before the batch sweep have none
+        largest = sweep["points"][-1]
+        out[f"DP MLP depth 3 at B={largest['batch']}: fraction of the bound"] = largest["fraction_of_bound"]
+        out[f"DP MLP depth 3 at B={largest['batch']}: fraction of what the cores allow"] = largest["of_cpu_ceiling"]
     ray = f.get("ray")
     if ray:
         out["Ray: drt(x) over a bare Compiled Graph step, driver's node (lower is better)"] = \

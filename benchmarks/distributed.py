@@ -24,7 +24,10 @@
    measured per run at depth 1. On a 2-core machine the 2 workers and the
    host share the cores, so the overlap has little idle CPU to use. The
    same program prepared with capture=True is streamed at depth 3 in the
-   same reps.
+   same reps. Then the same at depth 3 (and depth 1, for its bound) over a
+   sweep of batch sizes (--sweep-batches): a shard's work grows with the
+   batch while the host's fixed cost a run does not, and each point says
+   what the machine's cores allow at its measured CPU a run.
 3. With --ray: the same on Ray, in a local two-node cluster
    (ray.cluster_utils.Cluster; one pool thread per worker). Per-run overhead of the
    one-copy program through RayTransport (sync and awaited) against a bare
@@ -36,7 +39,8 @@
    a sweep of batch sizes (--ray-batches): small batches show Ray's per-call
    cost, large ones a size where the shards' compute dominates it.
 
-    python benchmarks/distributed.py [--quick] [--runs N] [--reps N] [--batch B] [--workers N] [--ray]
+    python benchmarks/distributed.py [--quick] [--runs N] [--reps N] [--batch B] [--workers N]
+                                     [--sweep-batches B,B,...|none] [--ray]
                                      [--ray-batches B,B,...] [--ray-channel auto|actor|compiled] [--json PATH]
 """
 
@@ -260,23 +264,30 @@ def overhead(runs: int, reps: int) -> tuple[list[list], dict]:
         polling.close()
 
 
-def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[list], dict]:
+# One stream's figures: runs/s, host orchestration p50 (s), worker p50 (s), host CPU (s a run), workers' CPU (s a run)
+StreamFigures = tuple[float, float, float, float, float]
+
+
+def dp_streams(runs: int, reps: int, batch: int, workers: int, depths: tuple[int, ...],
+               captured_depth: int | None) -> dict[int, list[StreamFigures]]:
+    """The data-parallel MLP streamed at each depth, reps interleaved; key -depth: the same program prepared with
+    capture=True, streamed at captured_depth in the same reps (None: not measured)."""
     rng = np.random.default_rng(0)
     w1 = (rng.standard_normal((D, H)) * 0.05).astype(np.float32)
     w2 = (rng.standard_normal((H, D)) * 0.05).astype(np.float32)
     xs = [rng.standard_normal((batch, D)).astype(np.float32) for _ in range(8)]
-    # The same program captured (engine.distributed.capture), streamed at depth 3 in the same reps.
-    drts = {c: dp_mlp.prepare(workers=workers, worker_threads=1, depth=3, bounds={"B": batch}, capture=c)
-            for c in (False, True)}
+    modes = (False, True) if captured_depth is not None else (False,)
+    drts = {c: dp_mlp.prepare(workers=workers, worker_threads=1, depth=max(depths), bounds={"B": batch}, capture=c)
+            for c in modes}
     try:
         weights = {c: ([rt.alloc_tensor((D, H), init=w1, worker_id=i) for i in range(workers)],
                        [rt.alloc_tensor((H, D), init=w2, worker_id=i) for i in range(workers)])
                    for c, rt in drts.items()}
-        outs = [np.empty((batch, D), np.float32) for _ in range(3)]
+        outs = [np.empty((batch, D), np.float32) for _ in range(max(depths))]
 
-        async def stream(depth: int, captured: bool = False) -> tuple[float, float, float, float, float]:
+        async def stream(depth: int, captured: bool = False) -> StreamFigures:
             drt, (w1s, w2s) = drts[captured], weights[captured]
-            items = [(xs[i % len(xs)], w1s, w2s, outs[i % 3]) for i in range(runs)]
+            items = [(xs[i % len(xs)], w1s, w2s, outs[i % len(outs)]) for i in range(runs)]
             async with AsyncRuntime(drt) as art:
                 cpu0 = cpu_seconds(drt.pids)
                 t0 = time.perf_counter()
@@ -287,56 +298,91 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
                 s = art.stats()
             return rate, s.orchestration.p50, s.device.p50, (cpu1[0] - cpu0[0]) / runs, (cpu1[1] - cpu0[1]) / runs
 
-        # depth (-3: captured at depth 3) -> per rep (runs/s, host orchestration p50 s, worker p50 s, host CPU s a
-        # run, workers' CPU s a run)
-        results: dict[int, list[tuple[float, float, float, float, float]]] = {1: [], 2: [], 3: [], -3: []}
+        results: dict[int, list[StreamFigures]] = {d: [] for d in depths}
+        if captured_depth is not None:
+            results[-captured_depth] = []
 
-        def one_rep() -> float:
-            for depth in (1, 2, 3):
+        for _ in range(1 + reps):  # a warm-up rep first, as repeat() does
+            for depth in depths:
                 results[depth].append(anyio.run(stream, depth))
-            results[-3].append(anyio.run(stream, 3, True))
-            return results[2][-1][0] / results[1][-1][0]
-
-        speedup2 = repeat(one_rep, reps)
+            if captured_depth is not None:
+                results[-captured_depth].append(anyio.run(stream, captured_depth, True))
     finally:
         for rt in drts.values():
             rt.close()
+    return {k: v[1:] for k, v in results.items()}
+
+
+def depth_figures(depth: int, samples: list[StreamFigures], depth1: list[StreamFigures], bound: float,
+                  cores: int) -> dict[str, Any]:
+    """One depth's medians, its fraction of the bound, and what the machine's cores allow at its CPU cost a run."""
+    def med(i: int) -> float:
+        return float(np.median([r[i] for r in samples]))
+
+    host_cpu, workers_cpu = med(3), med(4)
+    # The bound assumes a core each for the host and every worker, which a machine with fewer cores cannot give:
+    # at this CPU cost a run (polling included) the cores allow at most this many runs/s.
+    cpu_ceiling = cores / (host_cpu + workers_cpu) if host_cpu + workers_cpu > 0 else float("inf")
+    return {"depth": depth, "runs_per_s": med(0),
+            "speedup_over_depth1": float(np.median([r[0] / b[0] for r, b in zip(samples, depth1)])),
+            "fraction_of_bound": med(0) / bound, "host_ms_p50": med(1) * 1e3, "device_ms_p50": med(2) * 1e3,
+            "host_cpu_ms_per_run": host_cpu * 1e3, "workers_cpu_ms_per_run": workers_cpu * 1e3,
+            "cpu_ceiling_runs_per_s": cpu_ceiling, "cpu_ceiling_over_bound": cpu_ceiling / bound}
+
+
+def machine_cores() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+
+
+def depth1_bound(depth1: list[StreamFigures]) -> float:
+    """1 / max(T_host, T_worker), each the median of its per-run p50s at depth 1."""
+    return 1.0 / max(float(np.median([r[1] for r in depth1])), float(np.median([r[2] for r in depth1])))
+
+
+def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[list], dict]:
+    results = dp_streams(runs, reps, batch, workers, (1, 2, 3), captured_depth=3)
+    bound, cores = depth1_bound(results[1]), machine_cores()
     rows, figures = [], {"batch": batch, "width": D, "hidden": H, "workers": workers, "runs": runs, "reps": reps,
                          "depths": []}
-    base = float(np.median([r[0] for r in results[1][-reps:]]))
-    t_host = float(np.median([r[1] for r in results[1][-reps:]]))
-    t_worker = float(np.median([r[2] for r in results[1][-reps:]]))
-    bound = 1.0 / max(t_host, t_worker)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
     for depth in (1, 2, 3):
-        rates = [r[0] for r in results[depth][-reps:]]
-        rate = float(np.median(rates))
-        speedups = [r[0] / b[0] for r, b in zip(results[depth][-reps:], results[1][-reps:])]
-        host = float(np.median([r[1] for r in results[depth][-reps:]]))
-        device = float(np.median([r[2] for r in results[depth][-reps:]]))
-        host_cpu = float(np.median([r[3] for r in results[depth][-reps:]]))
-        workers_cpu = float(np.median([r[4] for r in results[depth][-reps:]]))
-        # What the machine's cores allow at this CPU cost a run (polling included): the bound assumes a core each
-        # for the host and every worker, which a machine with fewer cores cannot give.
-        cpu_ceiling = cores / (host_cpu + workers_cpu) if host_cpu + workers_cpu > 0 else float("inf")
-        figures["depths"].append({"depth": depth, "runs_per_s": rate, "speedup_over_depth1": float(np.median(speedups)),
-                                  "fraction_of_bound": rate / bound, "host_ms_p50": host * 1e3,
-                                  "device_ms_p50": device * 1e3, "host_cpu_ms_per_run": host_cpu * 1e3,
-                                  "workers_cpu_ms_per_run": workers_cpu * 1e3, "cpu_ceiling_runs_per_s": cpu_ceiling,
-                                  "cpu_ceiling_over_bound": cpu_ceiling / bound})
-        rows.append([depth, rate, float(np.median(speedups)), rate / bound, host * 1e3, device * 1e3,
-                     host_cpu * 1e3, workers_cpu * 1e3, cpu_ceiling / bound])
-    captured = results[-3][-reps:]
+        d = depth_figures(depth, results[depth], results[1], bound, cores)
+        figures["depths"].append(d)
+        rows.append([depth, d["runs_per_s"], d["speedup_over_depth1"], d["fraction_of_bound"], d["host_ms_p50"],
+                     d["device_ms_p50"], d["host_cpu_ms_per_run"], d["workers_cpu_ms_per_run"],
+                     d["cpu_ceiling_over_bound"]])
+    captured = results[-3]
     figures["captured_depth3"] = {
         "runs_per_s": float(np.median([r[0] for r in captured])),
-        "over_uncaptured": float(np.median([r[0] / u[0] for r, u in zip(captured, results[3][-reps:])])),
+        "over_uncaptured": float(np.median([r[0] / u[0] for r, u in zip(captured, results[3])])),
         "host_ms_p50": float(np.median([r[1] for r in captured])) * 1e3,
         "host_cpu_ms_per_run": float(np.median([r[3] for r in captured])) * 1e3}
     figures["cores"] = cores
-    figures["speedup_depth2"] = speedup2
-    figures["depth1_runs_per_s"] = base
+    speedups = [r[0] / b[0] for r, b in zip(results[2], results[1])]
+    figures["speedup_depth2"] = {"median": float(np.median(speedups)), "min": min(speedups), "max": max(speedups),
+                                 "stdev": float(np.std(speedups, ddof=1)) if reps > 1 else 0.0, "reps": reps}
+    figures["depth1_runs_per_s"] = figures["depths"][0]["runs_per_s"]
     figures["bound_runs_per_s"] = bound
     return rows, figures
+
+
+def batch_sweep(runs: int, reps: int, batches: list[int], workers: int) -> tuple[list[list], dict]:
+    """The data-parallel MLP at depth 3 (and depth 1, for its bound) over batch sizes: where the shards' work
+    grows against the host's fixed cost a run, and where the machine's cores, not the host path, set the limit."""
+    cores = machine_cores()
+    rows, points = [], []
+    for batch in batches:
+        # Fewer runs for larger batches (a run's work grows with the batch), never so few that depth 3 has no
+        # steady state.
+        n = max(40, runs * 64 // batch)
+        results = dp_streams(n, reps, batch, workers, (1, 3), captured_depth=None)
+        bound = depth1_bound(results[1])
+        d3 = depth_figures(3, results[3], results[1], bound, cores)
+        point = {"batch": batch, "runs": n, "bound_runs_per_s": bound, **{k: v for k, v in d3.items() if k != "depth"},
+                 "of_cpu_ceiling": d3["runs_per_s"] / d3["cpu_ceiling_runs_per_s"]}
+        points.append(point)
+        rows.append([batch, bound, d3["runs_per_s"], d3["fraction_of_bound"], d3["cpu_ceiling_over_bound"],
+                     point["of_cpu_ceiling"], d3["host_cpu_ms_per_run"], d3["workers_cpu_ms_per_run"]])
+    return rows, {"workers": workers, "width": D, "hidden": H, "reps": reps, "cores": cores, "points": points}
 
 
 def cpu_seconds(worker_pids: list[int]) -> tuple[float, float]:
@@ -497,6 +543,9 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--reps", type=int, default=None, help="repetitions (medians are reported)")
     ap.add_argument("--batch", type=int, default=64, help="MLP batch in the pipelining test (split over the workers)")
     ap.add_argument("--workers", type=int, default=2, help="chip workers in the pipelining test")
+    ap.add_argument("--sweep-batches", default=None,
+                    help="batch sizes of the data-parallel sweep at depth 3, comma-separated (default 64,512,2048,8192; "
+                         "--quick: 2048); 'none' skips it")
     ap.add_argument("--ray", action="store_true", help="also measure RayTransport in a local two-node Ray cluster")
     ap.add_argument("--ray-batches", default=None,
                     help="batch sizes of the Ray scaling sweep, comma-separated (default 256,512,1024,2048; "
@@ -527,6 +576,15 @@ def main(argv: list[str] | None = None) -> dict:
           f"host ms p50 {cap['host_ms_p50']:.3g}, host CPU ms/run {cap['host_cpu_ms_per_run']:.3g}")
     print()
     figures: dict = {"overhead": over, "pipelining": pipe}
+    sweep_arg = args.sweep_batches or ("2048" if args.quick else "64,512,2048,8192")
+    if sweep_arg != "none":
+        srows, sweep = batch_sweep(max(40, runs // 2), reps, [int(b) for b in sweep_arg.split(",")], args.workers)
+        print(f"Data-parallel MLP over batch sizes ({D}->{H}->{D}, {args.workers} chip workers x 1 thread), depth 3 "
+              f"against depth 1's bound, and against what {sweep['cores']} cores allow at its CPU a run:")
+        print_table(["batch", "bound runs/s", "runs/s", "of bound", "cores allow, of bound", "of what cores allow",
+                     "host CPU ms/run", "workers CPU ms/run"], srows)
+        print()
+        figures["pipelining_sweep"] = sweep
     if args.ray:
         batches = [int(b) for b in (args.ray_batches or ("256,2048" if args.quick else "256,512,1024,2048")).split(",")]
         figures["ray"] = ray_section(runs, reps, batches, args.ray_channel)

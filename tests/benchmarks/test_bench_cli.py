@@ -112,7 +112,9 @@ def distributed_schema(f: dict) -> list[float]:
             f["overhead"]["sync_over_bare_polling"], f["overhead"]["async_over_bare_polling"]] + [
         d[k] for d in f["pipelining"]["depths"] for k in ("fraction_of_bound", "speedup_over_depth1", "runs_per_s",
                                                           "host_cpu_ms_per_run", "workers_cpu_ms_per_run",
-                                                          "cpu_ceiling_over_bound")]
+                                                          "cpu_ceiling_over_bound")] + [
+        p[k] for p in f["pipelining_sweep"]["points"] for k in ("fraction_of_bound", "of_cpu_ceiling",
+                                                                "cpu_ceiling_over_bound")]
 
 
 SCHEMAS: dict[str, Callable[[dict], list[float]]] = {

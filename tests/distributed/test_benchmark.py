@@ -19,8 +19,8 @@ def _positive(x: object) -> bool:
 
 def test_quick_benchmark(tmp_path):
     out = tmp_path / "distributed.json"
-    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--runs", "40", "--json", str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, str(BENCH), "--quick", "--runs", "40", "--sweep-batches", "128,256",
+                           "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     data = json.loads(out.read_text())
     assert data["benchmark"] == "distributed"
@@ -40,7 +40,16 @@ def test_quick_benchmark(tmp_path):
         assert _positive(d["host_cpu_ms_per_run"]) and _positive(d["workers_cpu_ms_per_run"])
         assert d["cpu_ceiling_runs_per_s"] == pytest.approx(
             pipe["cores"] / ((d["host_cpu_ms_per_run"] + d["workers_cpu_ms_per_run"]) / 1e3))
+    sweep = data["figures"]["pipelining_sweep"]
+    assert [p["batch"] for p in sweep["points"]] == [128, 256]
+    for p in sweep["points"]:
+        assert p["runs"] >= 40 and _positive(p["bound_runs_per_s"]) and _positive(p["runs_per_s"])
+        assert p["fraction_of_bound"] == pytest.approx(p["runs_per_s"] / p["bound_runs_per_s"])
+        assert p["of_cpu_ceiling"] == pytest.approx(p["runs_per_s"] / p["cpu_ceiling_runs_per_s"])
+        assert p["cpu_ceiling_runs_per_s"] == pytest.approx(
+            sweep["cores"] / ((p["host_cpu_ms_per_run"] + p["workers_cpu_ms_per_run"]) / 1e3))
     assert "over polling bare" in proc.stdout and "over depth 1" in proc.stdout and "cores allow" in proc.stdout
+    assert "over batch sizes" in proc.stdout and "of what cores allow" in proc.stdout
 
 
 @pytest.mark.slow
