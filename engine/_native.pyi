@@ -364,3 +364,6 @@ class Engine:
 def wait_readable(fds: Sequence[SupportsIndex], spin_us: SupportsIndex, timeout_ms: SupportsIndex = -1) -> list[int]:
     """Indexes of the fds readable (or hung up): polls for up to spin_us, then sleeps up to timeout_ms (negative:
     no limit). Empty on timeout or when a signal interrupted the sleep. Releases the GIL."""
+
+def current_cpu() -> int:
+    """The CPU the calling thread runs on now (sched_getcpu), -1 where the system does not say."""

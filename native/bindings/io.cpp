@@ -3,6 +3,10 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#if defined(__linux__)
+#include <sched.h>
+#endif
+
 #include "bindings.hpp"
 #include "tandem/errors.hpp"
 #include "tandem/fd_wait.hpp"
@@ -22,6 +26,16 @@ void bind_io(py::module_& m) {
       py::arg("fds"), py::arg("spin_us"), py::arg("timeout_ms") = -1,
       "Indexes of the fds readable (or hung up): polls for up to spin_us, then sleeps up to timeout_ms "
       "(negative: no limit). Empty on timeout or when a signal interrupted the sleep. Releases the GIL.");
+  m.def(
+      "current_cpu",
+      []() {
+#if defined(__linux__)
+        return sched_getcpu();
+#else
+        return -1;
+#endif
+      },
+      "The CPU the calling thread runs on now (sched_getcpu), -1 where the system does not say.");
 }
 
 }  // namespace tandem::bindings

@@ -59,3 +59,16 @@ def test_a_write_from_another_thread_ends_the_wait_which_released_the_gil(pipes,
 def test_a_negative_spin_is_refused(pipes):
     with pytest.raises(ValueError, match="spin_us"):
         _native.wait_readable([pipes[0][0]], -1, 0)
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getaffinity"), reason="Linux: the CPUs a thread may run on")
+def test_current_cpu_is_one_this_thread_may_run_on():
+    allowed = os.sched_getaffinity(0)
+    assert _native.current_cpu() in allowed
+    if len(allowed) > 1:  # bound to one CPU, it runs there
+        cpu = max(allowed)
+        try:
+            os.sched_setaffinity(0, {cpu})
+            assert _native.current_cpu() == cpu
+        finally:
+            os.sched_setaffinity(0, allowed)
