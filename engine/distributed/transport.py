@@ -53,7 +53,7 @@ from engine.distributed.protocol import Codec, Ready, Setup, SetupFailed, Stop, 
 from engine.distributed.wire import recv_message, send_message
 from engine.distributed.worker import DEFAULT_SPIN_US
 
-__all__ = ["Region", "Transport", "ProcessTransport", "WakePipe", "OnMessage", "OnExit", "describe_exit"]
+__all__ = ["Region", "Transport", "ProcessTransport", "WakePipe", "SenderCpu", "OnMessage", "OnExit", "describe_exit"]
 
 OnMessage = Callable[[int, Any], None]
 OnExit = Callable[[int, str], None]
@@ -212,11 +212,7 @@ class ProcessTransport(Transport):
         self.start_method = start_method
         self.spin_us = spin_us
         self.follow_sender = follow_sender
-        # Where threads can be bound to CPUs: the CPU of the thread whose request last woke the receiving
-        # thread (written by senders), and the one CPU the receiving thread is bound to (-1: not bound).
-        self._follow = follow_sender and hasattr(os, "sched_setaffinity")
-        self._sender_cpu = -1
-        self._receiver_cpu = -1
+        self._follower = SenderCpu(follow_sender)  # the receiving thread's CPU follows the requests that wake it
         # Each literal, so the context's type (SpawnContext or ForkServerContext) has Process and Pipe.
         self._ctx = (multiprocessing.get_context("spawn") if start_method == "spawn"
                      else multiprocessing.get_context("forkserver"))
@@ -346,8 +342,7 @@ class ProcessTransport(Transport):
                     self._wake.drain()
                     if self._stopping:
                         return
-                    if self._follow:
-                        self._follow_sender()
+                    self._follower.follow()
                 else:
                     exits.append(exits_watched[fd])
             for i in exits:  # after every reply the worker sent before it went
@@ -363,19 +358,6 @@ class ProcessTransport(Transport):
                 self._gone.add(i)
                 if not self._stopping:
                     self._on_exit(i, f"chip worker {i} (pid {proc.pid}) {describe_exit(proc.exitcode)}")
-
-    def _follow_sender(self) -> None:
-        """On the receiving thread, woken: runs from now on on the CPU of the request's sender (see
-        follow_sender)."""
-        cpu = self._sender_cpu
-        if cpu < 0 or cpu == self._receiver_cpu:
-            return
-        try:
-            os.sched_setaffinity(0, {cpu})  # 0: the calling thread
-        except OSError:  # not allowed there (the process's CPUs changed): the scheduler places this thread
-            self._follow = False
-            return
-        self._receiver_cpu = cpu
 
     def _take_reply(self, i: int, seen: int) -> bool:
         """Reads worker i's next reply and hands it over, if one is there; whether it read one.
@@ -496,8 +478,7 @@ class ProcessTransport(Transport):
             self._receiver_reads = True
             self._wake_receiver()
         elif self._receiver_asleep:  # so it polls by the time the reply comes, instead of waking for it
-            if self._follow:
-                self._sender_cpu = _native.current_cpu()
+            self._follower.note()
             self._wake_receiver()
         return True
 
@@ -586,6 +567,37 @@ class WakePipe:
                 os.close(self.fd)
                 os.close(self._w)
                 self.fd = self._w = -1
+
+
+class SenderCpu:
+    """A transport thread that follows the threads that wake it to their CPU (see ProcessTransport's
+    follow_sender): a sender notes its CPU before it wakes the thread, which, woken, binds itself to that one
+    CPU (os.sched_setaffinity), again whenever a later sender runs elsewhere. Where threads cannot be bound,
+    or the binding is refused (the process's CPUs changed), it does nothing."""
+
+    __slots__ = ("enabled", "_cpu", "_bound")
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled and hasattr(os, "sched_setaffinity")
+        self._cpu = -1  # the last sender's (written by senders, read by the woken thread)
+        self._bound = -1  # the one CPU the woken thread is bound to, -1 while it is not
+
+    def note(self) -> None:
+        """On a sender, before it wakes the thread."""
+        if self.enabled:
+            self._cpu = _native.current_cpu()
+
+    def follow(self) -> None:
+        """On the woken thread."""
+        cpu = self._cpu
+        if not self.enabled or cpu < 0 or cpu == self._bound:
+            return
+        try:
+            os.sched_setaffinity(0, {cpu})  # 0: the calling thread
+        except OSError:
+            self.enabled = False
+            return
+        self._bound = cpu
 
 
 class CallerRole:

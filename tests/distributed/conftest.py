@@ -22,6 +22,30 @@ WORKERS = 2
 THREADS = 1  # executors per worker (its serving thread alone): 2 workers on 2 cores
 
 
+# The CPUs this process may bind its threads to (none where threads cannot be bound).
+BINDABLE = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
+
+
+def assert_follows_senders(drt: dist.DistributedRuntime, thread: threading.Thread | None, follow: bool) -> None:
+    """This thread bound to one CPU after another, a submitted run each time (its request wakes the transport's
+    `thread`): that thread ends up bound to the same CPU when it follows its senders, left as it was if not."""
+    assert thread is not None and thread.native_id is not None
+    before = os.sched_getaffinity(thread.native_id)
+    try:
+        for cpu in (BINDABLE[-1], BINDABLE[0], BINDABLE[-1]):
+            os.sched_setaffinity(0, {cpu})  # this thread only
+            threading.Event().wait(0.05)  # longer than any spin: the transport's thread is asleep when the run goes
+            np.testing.assert_array_equal(drt.submit(np.zeros(2, np.float32), 1).result(timeout=30),
+                                          np.ones(2, np.float32))
+            expected = {cpu} if follow else before
+            deadline = time.monotonic() + 10.0  # it may hand the reply on before the wake-up that moves it
+            while os.sched_getaffinity(thread.native_id) != expected and time.monotonic() < deadline:
+                threading.Event().wait(0.01)
+            assert os.sched_getaffinity(thread.native_id) == expected
+    finally:
+        os.sched_setaffinity(0, BINDABLE)
+
+
 def shm_present(names: list[str]) -> list[str]:
     """Which of these shared-memory names still exist."""
     try:

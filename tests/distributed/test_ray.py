@@ -28,7 +28,8 @@ import engine
 import engine.distributed as dist
 from scheduler import AsyncRuntime
 from tests.distributed import programs as P
-from tests.distributed.conftest import callers_and_submitters, mlp_reference, randn, sync_calls_then_submits
+from tests.distributed.conftest import (BINDABLE, assert_follows_senders, callers_and_submitters, mlp_reference, randn,
+                                        sync_calls_then_submits)
 
 ray = pytest.importorskip("ray")
 from ray.cluster_utils import Cluster  # noqa: E402
@@ -337,6 +338,8 @@ def test_bad_options_are_refused_before_anything_starts():
         dist.RayTransport(channel="grpc")
     with pytest.raises(TypeError, match="worker_options"):
         dist.RayTransport(worker_options=["num_cpus"])
+    with pytest.raises(ValueError, match="follow_sender"):
+        dist.RayTransport(follow_sender=1)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="worker_options has 1 entries for 2 workers"):
         _ray(P.dp_mlp, bounds={"B": 4}, transport=dist.RayTransport(worker_options=[{}]))
 
@@ -533,6 +536,20 @@ def _on_the_drivers_node(**kwargs) -> dist.RayTransport:
     return dist.RayTransport(worker_options={"num_cpus": 0.5,
                                              "scheduling_strategy": NodeAffinitySchedulingStrategy(here, soft=False)},
                              **kwargs)
+
+
+@pytest.mark.skipif(len(BINDABLE) < 2, reason="needs two CPUs this process may bind threads to")
+@pytest.mark.parametrize("follow", [True, False])
+def test_the_pump_moves_to_the_cpu_of_the_sender_that_woke_it(cluster, follow):
+    """As the process transport's receiving thread: a run submitted wakes the pump, which moves to the
+    submitting thread's CPU (it then wakes that thread on its own CPU); follow_sender=False leaves it."""
+    drt = _ray(P.slow, depth=2, transport=_on_the_drivers_node(follow_sender=follow))
+    try:
+        assert drt._transport.socket_workers == [0, 1]
+        assert_follows_senders(drt, drt._transport._pump, follow)
+    finally:
+        drt.close()
+    _assert_nothing_left(drt)
 
 
 @pytest.mark.parametrize("regions", ["shared", "copied"])

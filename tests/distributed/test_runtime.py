@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import threading
-import time
 
 import anyio
 import numpy as np
@@ -15,7 +13,8 @@ import engine
 import engine.distributed as dist
 from scheduler import AsyncRuntime
 from tests.distributed import programs as P
-from tests.distributed.conftest import callers_and_submitters, randn, reply_threads, sync_calls_then_submits
+from tests.distributed.conftest import (BINDABLE, assert_follows_senders, callers_and_submitters, randn, reply_threads,
+                                        sync_calls_then_submits)
 
 B = 8
 
@@ -310,35 +309,13 @@ def test_a_bad_spin_is_refused_before_any_process_starts(spin_us):
 
 
 # -- the receiving thread follows the threads that send -----------------------------------------------------
-_BINDABLE = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_setaffinity") else []
-
-
-def _receiver_cpus(drt: dist.DistributedRuntime) -> set[int]:
-    thread = drt._transport._thread
-    assert thread is not None and thread.native_id is not None
-    return os.sched_getaffinity(thread.native_id)
-
-
-@pytest.mark.skipif(len(_BINDABLE) < 2, reason="needs two CPUs this process may bind threads to")
+@pytest.mark.skipif(len(BINDABLE) < 2, reason="needs two CPUs this process may bind threads to")
 @pytest.mark.parametrize("follow", [True, False])
 def test_the_receiving_thread_moves_to_the_cpu_of_the_sender_that_woke_it(prepare, follow):
-    """A request that wakes the asleep receiving thread takes it to the sender's CPU (that thread's, and only that
-    one CPU), each time the sender runs somewhere else; with follow_sender=False it stays where it was."""
+    """A request that wakes the asleep receiving thread takes it to the sender's CPU (that one CPU), each time the
+    sender runs somewhere else; with follow_sender=False it stays where it was."""
     drt = prepare(P.slow, depth=2, transport=dist.ProcessTransport(2, follow_sender=follow))
-    before = _receiver_cpus(drt)
-    try:
-        for cpu in (_BINDABLE[-1], _BINDABLE[0], _BINDABLE[-1]):
-            os.sched_setaffinity(0, {cpu})  # this thread only
-            threading.Event().wait(0.05)  # longer than the spin: the receiving thread is asleep when the run goes out
-            np.testing.assert_array_equal(drt.submit(np.zeros(2, np.float32), 1).result(timeout=30),
-                                          np.ones(2, np.float32))
-            expected = {cpu} if follow else before
-            deadline = time.monotonic() + 10.0  # it may read the reply before the wake-up that moves it
-            while _receiver_cpus(drt) != expected and time.monotonic() < deadline:
-                threading.Event().wait(0.01)
-            assert _receiver_cpus(drt) == expected
-    finally:
-        os.sched_setaffinity(0, _BINDABLE)
+    assert_follows_senders(drt, drt._transport._thread, follow)
     assert drt.memory_stats()["free_slots"] == 2
 
 
