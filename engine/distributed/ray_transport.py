@@ -163,9 +163,10 @@ class RayTransport(Transport):
     see the module docstring for its costs and Ray's failure on a worker's
     death). A transport serves one runtime. follow_sender: the pump thread,
     woken by a message, moves to its sender's CPU, as ProcessTransport's
-    receiving thread does (on this 2-core VM, with the pump and an awaiting
+    receiving thread does (on a 2-vCPU VM, with the pump and an awaiting
     event loop on different CPUs, an awaited round trip to a socket worker
-    took 214-378 us against 117-140 on one CPU).
+    took 214-378 us against 117-140 on one CPU); False leaves it where the
+    scheduler puts it.
     """
 
     shares_memory = False
