@@ -219,6 +219,7 @@ class Dispatcher:
             runs, self._completed = self._completed, []
         if not runs:
             return
+        waited = False  # a sync caller's run: its caller may be reading replies on another thread
         try:
             for run in runs:
                 try:
@@ -226,11 +227,15 @@ class Dispatcher:
                 finally:
                     if run.notify:
                         self._post(run.id)
+                    else:
+                        waited = True
         finally:
             with self._lock:
                 self._undelivered -= len(runs)
                 if self._watchers:
                     self._changed.notify_all()
+            if waited:
+                self._transport.completed_here()
 
     def _watch(self, predicate: Callable[[], bool]) -> None:
         """Waits on _changed until predicate() holds. Lock held."""

@@ -14,6 +14,7 @@ The orchestration layer (dispatch, runtime) only ever calls this interface:
     transfer_stats() -> dict          what crossed between host and workers (counters)
     caller_reads() -> context         optional: the calling thread reads the replies it waits for
     read_until(done, timeout)         optional: reads replies on the calling thread until done()
+    completed_here()                  optional: runs completed on this thread (wakes a reading caller)
 
 and receives through two callbacks, called on the transport's own threads:
 on_message(worker, message) for every reply (in order per worker), and
@@ -130,6 +131,11 @@ class Transport(abc.ABC):
         timeout passed (False). None: this thread does not read, the caller waits as usual."""
         return None
 
+    def completed_here(self) -> None:
+        """The calling thread completed runs: a caller reading its replies on another thread, whose run may be
+        among them with no reply of its own left to come (its last submission a host callback, or its last
+        reply read by another thread), looks again now. Nothing by default."""
+
 
 class _SharedRegion(Region):
     def __init__(self, index: int, shm: SharedMemory) -> None:
@@ -242,6 +248,8 @@ class ProcessTransport(Transport):
         self._open: list[bool] = []  # per worker: its reply connection is open (not hung up, not stopped)
         self._reply_fds: list[tuple[int, int]] = []  # (fd, worker) of each open reply connection
         self._role = CallerRole()  # the one thread inside caller_reads()
+        # Wakes that thread in read_until when its run completed on another thread (completed_here)
+        self._caller_wake = WakePipe()
         # False while the caller reads the replies: the receiving thread watches only exits and its wake pipe
         self._receiver_reads = True
         self._receiver_quiet = False  # the receiving thread is (about to be) in such a wait
@@ -434,13 +442,24 @@ class ProcessTransport(Transport):
                     return False
                 look_ms = min(look_ms, max(1, int(left * 1e3)))
             seen = self._reads
-            # A look at most this long: the run may complete without a reply to this thread (a worker's
-            # exit, a reply the receiving thread took), and an interrupt is seen between looks.
-            ready = _native.wait_readable([fd for fd, _ in replies], spin, look_ms)
+            # A look at most this long: an interrupt is seen between looks. A run that completes without a
+            # reply to this thread (its last submission a host callback, a reply the receiving thread took, a
+            # worker's exit) wakes it through _caller_wake (completed_here).
+            fds = [fd for fd, _ in replies]
+            fds.append(self._caller_wake.fd)
+            ready = _native.wait_readable(fds, spin, look_ms)
             for k in ready:
-                seen += self._take_reply(replies[k][1], seen)
+                if k < len(replies):
+                    seen += self._take_reply(replies[k][1], seen)
+                else:
+                    self._caller_wake.drain()
             spin = self.spin_us if ready else 0
         return True
+
+    def completed_here(self) -> None:
+        holder = self._role.holder
+        if holder is not None and holder != threading.get_ident():
+            self._caller_wake.poke()
 
     def _hand_back(self) -> None:
         """The connections go back to the receiving thread if a reply is due that no caller reads."""
@@ -529,6 +548,7 @@ class ProcessTransport(Transport):
             for region in self._regions:
                 region.destroy()
             self._wake.close()
+            self._caller_wake.close()
 
 
 _NONBLOCKING_MAX = 16 << 10
@@ -556,10 +576,13 @@ class WakePipe:
                     pass
 
     def drain(self) -> None:
-        try:
-            os.read(self.fd, 4096)  # one read, as one wait reported it: more pokes than that wake the next wait
-        except BlockingIOError:
-            pass
+        with self._lock:  # closed meanwhile (a waiter that saw it ready as it closed): its number may be reused
+            if self.fd < 0:
+                return
+            try:
+                os.read(self.fd, 4096)  # one read, as one wait reported it: more pokes than that wake the next wait
+            except BlockingIOError:
+                pass
 
     def close(self) -> None:
         with self._lock:
