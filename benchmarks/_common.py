@@ -31,13 +31,17 @@ def repeat(fn: Callable[[], float], reps: int, warmup: int = 1) -> dict[str, flo
     """Runs fn (which returns one measurement) warmup + reps times; median and spread."""
     for _ in range(warmup):
         fn()
-    values = [fn() for _ in range(reps)]
+    return spread([fn() for _ in range(reps)])
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and spread of repeated measurements."""
     return {
         "median": statistics.median(values),
         "min": min(values),
         "max": max(values),
         "stdev": statistics.stdev(values) if len(values) > 1 else 0.0,
-        "reps": reps,
+        "reps": len(values),
     }
 
 

@@ -60,7 +60,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import anyio  # noqa: E402
 import numpy as np  # noqa: E402
-from _common import print_table, repeat, write_json  # noqa: E402
+from _common import print_table, repeat, spread, write_json  # noqa: E402
 
 import engine  # noqa: E402
 import engine.distributed as dist  # noqa: E402
@@ -313,11 +313,16 @@ def dp_streams(runs: int, reps: int, batch: int, workers: int, depths: tuple[int
     return {k: v[1:] for k, v in results.items()}
 
 
+def median_of(samples: list[StreamFigures], i: int) -> float:
+    """The median over repetitions of one figure of the stream (StreamFigures' index i)."""
+    return float(np.median([r[i] for r in samples]))
+
+
 def depth_figures(depth: int, samples: list[StreamFigures], depth1: list[StreamFigures], bound: float,
                   cores: int) -> dict[str, Any]:
     """One depth's medians, its fraction of the bound, and what the machine's cores allow at its CPU cost a run."""
     def med(i: int) -> float:
-        return float(np.median([r[i] for r in samples]))
+        return median_of(samples, i)
 
     host_cpu, workers_cpu = med(3), med(4)
     # The bound assumes a core each for the host and every worker, which a machine with fewer cores cannot give:
@@ -336,7 +341,7 @@ def machine_cores() -> int:
 
 def depth1_bound(depth1: list[StreamFigures]) -> float:
     """1 / max(T_host, T_worker), each the median of its per-run p50s at depth 1."""
-    return 1.0 / max(float(np.median([r[1] for r in depth1])), float(np.median([r[2] for r in depth1])))
+    return 1.0 / max(median_of(depth1, 1), median_of(depth1, 2))
 
 
 def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[list], dict]:
@@ -352,14 +357,12 @@ def pipelining(runs: int, reps: int, batch: int, workers: int) -> tuple[list[lis
                      d["cpu_ceiling_over_bound"]])
     captured = results[-3]
     figures["captured_depth3"] = {
-        "runs_per_s": float(np.median([r[0] for r in captured])),
+        "runs_per_s": median_of(captured, 0),
         "over_uncaptured": float(np.median([r[0] / u[0] for r, u in zip(captured, results[3])])),
-        "host_ms_p50": float(np.median([r[1] for r in captured])) * 1e3,
-        "host_cpu_ms_per_run": float(np.median([r[3] for r in captured])) * 1e3}
+        "host_ms_p50": median_of(captured, 1) * 1e3,
+        "host_cpu_ms_per_run": median_of(captured, 3) * 1e3}
     figures["cores"] = cores
-    speedups = [r[0] / b[0] for r, b in zip(results[2], results[1])]
-    figures["speedup_depth2"] = {"median": float(np.median(speedups)), "min": min(speedups), "max": max(speedups),
-                                 "stdev": float(np.std(speedups, ddof=1)) if reps > 1 else 0.0, "reps": reps}
+    figures["speedup_depth2"] = spread([r[0] / b[0] for r, b in zip(results[2], results[1])])
     figures["depth1_runs_per_s"] = figures["depths"][0]["runs_per_s"]
     figures["bound_runs_per_s"] = bound
     return rows, figures

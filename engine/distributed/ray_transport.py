@@ -184,8 +184,7 @@ class RayTransport(Transport):
                              f"not {channel!r}")
         if placement not in _PLACEMENTS:
             raise ValueError(f"placement must be 'spread' or 'pack', not {placement!r}")
-        if not isinstance(follow_sender, bool):
-            raise ValueError(f"follow_sender must be True or False, got {follow_sender!r}")
+        follower = SenderCpu(follow_sender)  # the pump's CPU follows the senders that wake it (checks the option)
         if address is not None and not isinstance(address, str):
             raise TypeError(f"address must be a string such as 'ray://host:10001' or 'host:6379', not {address!r}")
         if worker_options is not None and not isinstance(worker_options, Mapping):
@@ -197,7 +196,7 @@ class RayTransport(Transport):
         self.placement = placement
         self.channel = channel
         self.follow_sender = follow_sender
-        self._follower = SenderCpu(follow_sender)  # the pump's CPU follows the senders that wake it
+        self._follower = follower
         self._worker_options = worker_options
         self.workers = 0
         self._regions: list[_HostRegion] = []

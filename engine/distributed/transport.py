@@ -212,13 +212,11 @@ class ProcessTransport(Transport):
                              f"not {start_method!r}")
         if isinstance(spin_us, bool) or not isinstance(spin_us, int) or spin_us < 0:
             raise ValueError(f"spin_us must be an int >= 0, got {spin_us!r}")
-        if not isinstance(follow_sender, bool):
-            raise ValueError(f"follow_sender must be True or False, got {follow_sender!r}")
+        self._follower = SenderCpu(follow_sender)  # the receiving thread's CPU follows the requests that wake it
         self.workers = workers
         self.start_method = start_method
         self.spin_us = spin_us
         self.follow_sender = follow_sender
-        self._follower = SenderCpu(follow_sender)  # the receiving thread's CPU follows the requests that wake it
         # Each literal, so the context's type (SpawnContext or ForkServerContext) has Process and Pipe.
         self._ctx = (multiprocessing.get_context("spawn") if start_method == "spawn"
                      else multiprocessing.get_context("forkserver"))
@@ -601,6 +599,8 @@ class SenderCpu:
     __slots__ = ("enabled", "_cpu", "_bound")
 
     def __init__(self, enabled: bool) -> None:
+        if not isinstance(enabled, bool):  # a transport's follow_sender option
+            raise ValueError(f"follow_sender must be True or False, got {enabled!r}")
         self.enabled = enabled and hasattr(os, "sched_setaffinity")
         self._cpu = -1  # the last sender's (written by senders, read by the woken thread)
         self._bound = -1  # the one CPU the woken thread is bound to, -1 while it is not
