@@ -53,7 +53,7 @@ import numbers
 import operator
 import threading
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any, Callable, Generic, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Generic, Protocol, Sequence, TypeVar
 
 from engine import _native
 from engine.errors import CaptureError
@@ -68,7 +68,8 @@ if TYPE_CHECKING:
     from engine.program import Program
     from engine.slots import Slot
 
-__all__ = ["Capture", "RecordingTable", "ScalarStandIn"]
+__all__ = ["Capture", "RecordingTable", "TableEntry", "table_key", "ScalarReads", "ScalarStandIn", "stand_in",
+           "key_value"]
 
 _PLANS_PER_RECORDING = 64  # materialized base tables kept per recording (slots x resident-argument placements)
 
@@ -77,12 +78,21 @@ _NO_PATCHES: list[tuple[int, list[Any]]] = []  # read only: shared by the replay
 
 
 # -- Scalar stand-ins ------------------------------------------------------------------------------
+class ScalarReads:
+    """What the Scalar stand-ins of one recording report to: the parameters read, and whether the recorded
+    orchestration is over (a stand-in used after it raises)."""
+
+    def __init__(self, reads: set[int] | None = None) -> None:
+        self.reads: set[int] = set(reads or ())
+        self.closed = False
+
+
 class ScalarStandIn:
     """A Scalar parameter's value during a recording: it notes when the orchestration reads it."""
 
     __slots__ = ("_value", "_param", "_name", "_recorder")
 
-    def __init__(self, value: Any, param: int, name: str, recorder: "Recorder") -> None:
+    def __init__(self, value: Any, param: int, name: str, recorder: ScalarReads) -> None:
         self._value = value
         self._param = param
         self._name = name
@@ -190,7 +200,8 @@ numbers.Integral.register(IntStandIn)
 numbers.Real.register(FloatStandIn)
 
 
-def _stand_in(spec: Scalar, value: Any, param: int, name: str, recorder: "Recorder") -> ScalarStandIn:
+def stand_in(spec: Scalar, value: Any, param: int, name: str, recorder: ScalarReads) -> ScalarStandIn:
+    """Parameter `param`'s value during a recording (reads reported to `recorder`)."""
     cls = FloatStandIn if spec.type is float else IntStandIn  # bool is an int
     return cls(value, param, name, recorder)
 
@@ -237,11 +248,12 @@ class Recorded:
         return True
 
 
-class Recorder:
+class Recorder(ScalarReads):
     """Records one run's submissions as they are made, each tensor argument relative to its base."""
 
     def __init__(self, owner: Any, regions: list[tuple[int, int, int, int, int]], private: list[int],
                  first_abs: int, reads: set[int]) -> None:
+        super().__init__(reads)
         self._owner = owner
         self._private = private  # the bases of this run's slot: its buffers for host arguments, its scratch
         # allocation id -> [(base, base address, origin, end of the base's range)]
@@ -252,10 +264,8 @@ class Recorder:
         self._abs_allocs: list[Allocation] = []
         self._next_base = first_abs
         self.native = _native.Recording()
-        self.reads = set(reads)
         self.sites: list[_Site] = []
         self.pending: tuple[Any, tuple[Any, ...], Any, dict[str, Any], dict[str, int]] | None = None
-        self.closed = False
 
     def add(self, call: "_native.PreparedCall") -> None:
         refs = [self._ref(t) for t in call.tensors]
@@ -355,23 +365,112 @@ class RecordingRun(Run):
 
 
 # -- the table -------------------------------------------------------------------------------------
-_Entry = TypeVar("_Entry")
+class TableEntry(Protocol):
+    """What a RecordingTable keeps: a recording that knows its key and whether it left the table."""
+
+    key: tuple[Any, ...]
+    dropped: bool
+
+
+_Entry = TypeVar("_Entry", bound=TableEntry)
 
 
 class RecordingTable(Generic[_Entry]):
     """What a captured runtime of any level keeps: recordings by key under a lock, least recently used
-    first, and the counters capture_stats() reports."""
+    first, and the counters capture_stats() reports.
+
+    A key is (base key, the parameters the recording read, their values): the base key is what binding
+    fixes (a level's own choice), the rest what the orchestration read of its Scalars. Per base key the
+    table knows which read sets its recordings have, so a run's candidates are one key per read set.
+    """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._lock = threading.Lock()  # runs launch from any thread
         self._table: OrderedDict[tuple[Any, ...], _Entry] = OrderedDict()
+        # base key -> {read parameters: how many recordings have them}: the value tuples to look up
+        self._read_sets: dict[tuple[Any, ...], dict[tuple[int, ...], int]] = {}
         self.hits = self.misses = self.evictions = self.invalidations = 0
 
     def stats(self) -> dict[str, int]:
         with self._lock:
             return {"hits": self.hits, "misses": self.misses, "entries": len(self._table),
                     "evictions": self.evictions, "invalidations": self.invalidations, "limit": self._limit}
+
+    def clear(self) -> None:
+        with self._lock:
+            for entry in self._table.values():
+                entry.dropped = True
+            self._table.clear()
+            self._read_sets.clear()
+
+    def _candidates(self, base_key: tuple[Any, ...], values: Sequence[Any]) -> list[tuple[tuple[Any, ...], _Entry]]:
+        """The recordings a run with this base key and these parameter values may replay, with their keys."""
+        with self._lock:
+            read_sets = self._read_sets.get(base_key)
+            candidates = []
+            for reads in read_sets or ():
+                key = table_key(base_key, reads, values)
+                entry = self._table.get(key)
+                if entry is not None:
+                    candidates.append((key, entry))
+        return candidates
+
+    def _hit(self, key: tuple[Any, ...]) -> None:
+        """A replay of `key`: counted, and its entry the most recently used."""
+        with self._lock:
+            if key in self._table:
+                self._table.move_to_end(key)
+            self.hits += 1
+
+    def _miss(self) -> None:
+        with self._lock:
+            self.misses += 1
+
+    def _store(self, base_key: tuple[Any, ...], reads: tuple[int, ...], values: tuple[Any, ...],
+               entry: _Entry) -> None:
+        key = (base_key, reads, values)
+        entry.key = key
+        with self._lock:
+            replaced = self._table.get(key)
+            if replaced is None:
+                sets = self._read_sets.setdefault(base_key, {})
+                sets[reads] = sets.get(reads, 0) + 1
+            else:
+                replaced.dropped = True
+            self._table[key] = entry
+            self._table.move_to_end(key)
+            while len(self._table) > self._limit:
+                old, evicted = self._table.popitem(last=False)
+                evicted.dropped = True
+                self._forget(old)
+                self.evictions += 1
+
+    def _drop(self, key: tuple[Any, ...], invalidated: bool) -> None:
+        with self._lock:
+            self._drop_locked(key, invalidated)
+
+    def _drop_locked(self, key: tuple[Any, ...], invalidated: bool) -> None:
+        dropped = self._table.pop(key, None)
+        if dropped is not None:
+            dropped.dropped = True
+            self._forget(key)
+            if invalidated:
+                self.invalidations += 1
+
+    def _forget(self, key: tuple[Any, ...]) -> None:
+        """key left the table: its read set goes when no recording of its base key has it. Lock held."""
+        base_key, reads = key[0], key[1]
+        sets = self._read_sets.get(base_key)
+        if sets is None:
+            return
+        left = sets.get(reads, 0) - 1
+        if left > 0:
+            sets[reads] = left
+        else:
+            sets.pop(reads, None)
+            if not sets:
+                del self._read_sets[base_key]
 
 
 class Capture(RecordingTable["Recorded"]):
@@ -380,8 +479,6 @@ class Capture(RecordingTable["Recorded"]):
     def __init__(self, program: "Program", limit: int) -> None:
         super().__init__(limit)
         self._program = program
-        # base key -> {read parameters: how many recordings have them}: the value tuples to look up
-        self._read_sets: dict[tuple[Any, ...], dict[tuple[int, ...], int]] = {}
         self._tensor_base = {i: b for b, i in enumerate(i for i, p in enumerate(program.params)
                                                          if isinstance(p.spec, TensorSpec))}
         self._scratch_base = len(self._tensor_base)
@@ -391,11 +488,8 @@ class Capture(RecordingTable["Recorded"]):
         self.recording = threading.local()  # .active: a recording orchestrates on this thread
 
     def clear(self) -> None:
+        super().clear()
         with self._lock:
-            for recorded in self._table.values():
-                recorded.dropped = True
-            self._table.clear()
-            self._read_sets.clear()
             self._slot_bases.clear()
 
     # -- one run -----------------------------------------------------------------------------------
@@ -424,7 +518,7 @@ class Capture(RecordingTable["Recorded"]):
             return base_key
         values = [a.value for a in call.args]
         recorded, reads = self._record(port, native, slot, call, fn_args, device_args, force)
-        self._store(base_key, reads, tuple(_key_value(values[i]) for i in reads), recorded)
+        self._store(base_key, reads, tuple(key_value(values[i]) for i in reads), recorded)
         return None
 
     @property
@@ -460,28 +554,13 @@ class Capture(RecordingTable["Recorded"]):
         self._hit(key)
         return entry, _NO_PATCHES
 
-    def _hit(self, key: tuple[Any, ...]) -> None:
-        """A replay of `key`: counted, and its entry the most recently used."""
-        with self._lock:
-            if key in self._table:
-                self._table.move_to_end(key)
-            self.hits += 1
-
     def _find(self, base_key: tuple[Any, ...], values: list[Any], count_miss: bool = True
               ) -> tuple[tuple[Recorded, list[tuple[int, list[Any]]]] | None, set[int]]:
         """(the recording and its scalar patches, or None; parameters a new recording must read)."""
         force: set[int] = set()
-        with self._lock:
-            read_sets = self._read_sets.get(base_key)
-            candidates = []
-            for reads in read_sets or ():
-                key = (base_key, reads, tuple(_key_value(values[i]) for i in reads))
-                entry = self._table.get(key)
-                if entry is not None:
-                    candidates.append((key, entry))
-        for key, entry in candidates:
+        for key, entry in self._candidates(base_key, values):
             if not entry.live():  # a resident tensor it reached was freed: record anew
-                self._drop(key, base_key, invalidated=True)
+                self._drop(key, invalidated=True)
                 continue
             patches = []
             for site in entry.sites:
@@ -494,8 +573,7 @@ class Capture(RecordingTable["Recorded"]):
                 self._hit(key)
                 return (entry, patches), force
         if count_miss:
-            with self._lock:
-                self.misses += 1
+            self._miss()
         return None, force
 
     def _record(self, port: TaskPort, native: "_native.Run", slot: "Slot", call: "BoundCall", fn_args: list[Any],
@@ -518,7 +596,7 @@ class Capture(RecordingTable["Recorded"]):
         args = list(fn_args)
         for i in self._scalar_params:
             p = self._program.params[i]
-            args[i] = _stand_in(p.spec, fn_args[i], i, p.name, recorder)
+            args[i] = stand_in(p.spec, fn_args[i], i, p.name, recorder)
         arena = slot.arena
         arena.used = 0
         assert port.engine is not None
@@ -531,48 +609,6 @@ class Capture(RecordingTable["Recorded"]):
             self.recording.active = False
             recorded = recorder.finish()
         return recorded, tuple(sorted(recorder.reads))
-
-    def _store(self, base_key: tuple[Any, ...], reads: tuple[int, ...], values: tuple[Any, ...],
-               recorded: Recorded) -> None:
-        key = (base_key, reads, values)
-        recorded.key = key
-        with self._lock:
-            replaced = self._table.get(key)
-            if replaced is None:
-                sets = self._read_sets.setdefault(base_key, {})
-                sets[reads] = sets.get(reads, 0) + 1
-            else:
-                replaced.dropped = True
-            self._table[key] = recorded
-            self._table.move_to_end(key)
-            while len(self._table) > self._limit:
-                old, evicted = self._table.popitem(last=False)
-                evicted.dropped = True
-                self._forget(old)
-                self.evictions += 1
-
-    def _drop(self, key: tuple[Any, ...], base_key: tuple[Any, ...], invalidated: bool) -> None:
-        with self._lock:
-            dropped = self._table.pop(key, None)
-            if dropped is not None:
-                dropped.dropped = True
-                self._forget(key)
-                if invalidated:
-                    self.invalidations += 1
-
-    def _forget(self, key: tuple[Any, ...]) -> None:
-        """key left the table: its read set goes when no recording of its base key has it. Lock held."""
-        base_key, reads = key[0], key[1]
-        sets = self._read_sets.get(base_key)
-        if sets is None:
-            return
-        left = sets.get(reads, 0) - 1
-        if left > 0:
-            sets[reads] = left
-        else:
-            sets.pop(reads, None)
-            if not sets:
-                del self._read_sets[base_key]
 
     def plan(self, recorded: Recorded, slot: "Slot", device_args: list[tuple[int, DeviceTensor]]
               ) -> "_native.ReplayPlan":
@@ -623,6 +659,11 @@ def _device_layout(device_args: list[tuple[int, DeviceTensor]]) -> tuple[Any, ..
     return tuple(out)
 
 
-def _key_value(v: Any) -> Any:
+def table_key(base_key: tuple[Any, ...], reads: tuple[int, ...], values: Sequence[Any]) -> tuple[Any, ...]:
+    """A recording's key in a RecordingTable: its base key, the parameters it read, their values."""
+    return (base_key, reads, tuple([key_value(values[i]) for i in reads]) if reads else ())
+
+
+def key_value(v: Any) -> Any:
     """A read value as a key: floats by their bits (0.0 and -0.0 differ; NaN equals itself)."""
     return v.hex() if type(v) is float else v

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from engine import _native
@@ -103,8 +105,12 @@ def _call_key(kernel: Any, inputs: tuple, out: Any, scalars: dict[str, Any]) -> 
         if vt is DeviceTensor:  # an optional tensor given by keyword: by value, like the others
             key.append((k, vt, v._key if v._key is not None else v._make_key()))
         elif vt in _SCALAR_TYPES:  # by type too: 1, 1.0 and True compare equal but validate differently
-            if vt is float and v != v:  # NaN never equals itself: never kept (the kernel's check rejects it)
-                return None
+            if vt is float:
+                if v != v:  # NaN never equals itself: never kept (the kernel's check rejects it)
+                    return None
+                if v == 0.0:  # 0.0 and -0.0 compare equal but are different scalars: the sign is in the key
+                    key.append((k, vt, v, math.copysign(1.0, v)))
+                    continue
             key.append((k, vt, v))
         else:
             return None

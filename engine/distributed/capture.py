@@ -16,17 +16,23 @@ The capture key is what the orchestration can depend on:
 - for each tensor parameter, whether host arrays or resident tensors were
   passed, and which resident tensors (the allocation, offset, shape, strides
   and dtype of each, and of each replica of a PerWorker parameter);
-- the value (and type) of every Scalar parameter.
+- the value of every Scalar parameter the function *read*.
 
-Scalars are baked in: unlike single-device capture (engine.capture), which
-replays a Scalar passed straight into a kernel with each run's value, a
-distributed recording holds the values it was made with, and a run with
-another value records anew. A program whose Scalar changes on every run
-gains nothing from capture (each run records); leave capture off for it.
+Scalars work as in single-device capture (engine.capture): while a key is
+recorded each Scalar parameter is a stand-in for its value. Passed straight
+into a sub-program's Scalar (``orch.submit(prog, x, y, factor, worker=0)``)
+it is not read: each replay sends that run's value, checked by the
+sub-program's Scalar spec as a submit would check it. Anything else the
+function does with it reads it (``worker=s``, a comparison, an ``if``,
+arithmetic, ``int()``, a shape), and then its value is part of the key: a run
+with another value records anew. A replay is never stale for Scalars.
 
 What a captured program must not do, and what happens if it does:
 
 - Read ``orch.run_id`` while recording (it differs per run): CaptureError.
+- Keep a Scalar stand-in beyond its orchestration: using it later raises
+  CaptureError. A stand-in is not an ``int`` or ``float`` to ``isinstance``
+  (``numbers.Integral`` / ``numbers.Real`` it is).
 - Depend on anything but its arguments and dims: resident tensors it reaches
   by itself (globals, closures) are kept by identity, so rebinding such a name
   is not seen by a replay (pass tensors that change as arguments); a
@@ -41,9 +47,9 @@ hits, misses, entries, evictions and invalidations.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Sequence
 
-from engine.capture import RecordingTable
+from engine.capture import RecordingTable, ScalarReads, key_value, stand_in, table_key
 from engine.distributed.graph import Submission
 from engine.distributed.memory import SharedAllocation, none_freed
 from engine.specs import Scalar
@@ -52,42 +58,79 @@ from engine.tensor import DeviceTensor
 if TYPE_CHECKING:
     from engine.binding import BoundCall
     from engine.distributed.runs import RunRecord
+    from engine.program import Param
     from engine.tensor import Allocation
 
-__all__ = ["DistributedCapture", "Recording"]
+__all__ = ["DistributedCapture", "Recording", "PassedScalar"]
+
+# A Scalar parameter passed straight into a sub-program: (the submission's argument descriptor index,
+# the sub-program's parameter, the orchestration's parameter index).
+PassedScalar = tuple[int, "Param", int]
 
 
 class Recording:
     """One slot's submissions for one capture key, and the resident allocations they (and the key) name."""
 
-    __slots__ = ("subs", "allocs")
+    __slots__ = ("subs", "allocs", "key", "dropped", "_sent")
 
-    def __init__(self, subs: list[Submission], allocs: tuple["Allocation", ...]) -> None:
-        # (worker, name, accesses, payload) per submission, in submission order
-        self.subs = tuple((s.worker, s.name, tuple(s.accesses), s.payload) for s in subs)
+    def __init__(self, subs: list[Submission], passed: dict[int, tuple[PassedScalar, ...]],
+                 allocs: tuple["Allocation", ...]) -> None:
+        # (worker, name, accesses, payload, the Scalars it passes through) per submission, in submission order
+        self.subs = tuple((s.worker, s.name, tuple(s.accesses), s.payload, passed.get(i, ()))
+                          for i, s in enumerate(subs))
         self.allocs = allocs  # held: the ids in the key stay theirs while the recording lives
+        self.key: tuple[Any, ...] = ()
+        self.dropped = False
+        # Per submission, the last (values, descriptors) a replay sent: equal values send the very same
+        # descriptors, which the transport's codec encodes once.
+        self._sent: list[tuple[tuple[Any, ...], tuple[Any, ...]] | None] = [None] * len(self.subs)
 
     def live(self) -> bool:
         return none_freed(self.allocs)
 
-    def replay(self, run: "RunRecord") -> list[Submission]:
-        """This run's submissions, as the recorded orchestration made them."""
-        return [Submission(run, i, worker, name, list(accesses), payload)
-                for i, (worker, name, accesses, payload) in enumerate(self.subs)]
+    def replay(self, run: "RunRecord", values: Sequence[Any]) -> list[Submission]:
+        """This run's submissions, as the recorded orchestration made them with this run's parameter values
+        (ValueError / TypeError from a sub-program's Scalar spec, as a submit would raise, before any)."""
+        subs = []
+        for i, (worker, name, accesses, payload, passed) in enumerate(self.subs):
+            if passed:
+                payload = self._with_values(i, payload, passed, values)
+            subs.append(Submission(run, i, worker, name, list(accesses), payload))
+        return subs
+
+    def _with_values(self, i: int, payload: tuple[Any, ...], passed: tuple[PassedScalar, ...],
+                     values: Sequence[Any]) -> tuple[Any, ...]:
+        key, dims, descs, access = payload
+        checked = [p.spec.check(p.name, values[source]) for _, p, source in passed]
+        seen = tuple(map(key_value, checked))  # by value and type: 0.0 and -0.0 are different values
+        last = self._sent[i]
+        if last is not None and last[0] == seen:
+            return (key, dims, last[1], access)
+        patched = list(descs)
+        for (index, _, _), value in zip(passed, checked):
+            patched[index] = ("v", value)
+        sent = tuple(patched)
+        self._sent[i] = (seen, sent)
+        return (key, dims, sent, access)
 
 
 class DistributedCapture(RecordingTable[Recording]):
     """A runtime's recordings by (capture key, slot), their order of use, and counters."""
 
+    def __init__(self, limit: int, params: Sequence["Param"]) -> None:
+        super().__init__(limit)
+        # (index, parameter) of the orchestration's Scalars
+        self._scalar_params = tuple((i, p) for i, p in enumerate(params) if isinstance(p.spec, Scalar))
+
     @staticmethod
-    def key(call: "BoundCall") -> tuple[Any, ...]:
-        """The capture key of a bound call (see the module docstring)."""
-        parts: list[Any] = [tuple(sorted(call.dims.items()))]
+    def base_key(call: "BoundCall", slot: int) -> tuple[Any, ...]:
+        """The part of a run's capture key that binding fixes (see the module docstring), and the slot."""
+        parts: list[Any] = [slot, tuple(sorted(call.dims.items()))]
         for a in call.args:
             v = a.value
             if isinstance(a.param.spec, Scalar):
-                parts.append((type(v), v.hex() if type(v) is float else v))  # floats by their bits: NaN matches
-            elif isinstance(v, DeviceTensor):
+                continue  # in the key only if the orchestration reads it
+            if isinstance(v, DeviceTensor):
                 parts.append(_resident(v))
             elif type(v) is tuple:  # a PerWorker parameter's replicas
                 parts.append(tuple(map(_resident, v)))
@@ -95,21 +138,33 @@ class DistributedCapture(RecordingTable[Recording]):
                 parts.append(a.shape)
         return tuple(parts)
 
-    def lookup(self, key: tuple[Any, ...], slot: int) -> Recording | None:
+    def lookup(self, base_key: tuple[Any, ...], values: Sequence[Any]) -> Recording | None:
         """The recording to replay, or None (the run records); drops one whose resident memory was freed."""
-        with self._lock:
-            entry = self._table.get((key, slot))
-            if entry is not None:
+        with self._lock:  # one look under the lock: a replay launches on every call
+            for reads in self._read_sets.get(base_key, ()):
+                key = table_key(base_key, reads, values)
+                entry = self._table.get(key)
+                if entry is None:
+                    continue
                 if entry.live():
-                    self._table.move_to_end((key, slot))
+                    self._table.move_to_end(key)
                     self.hits += 1
                     return entry
-                del self._table[(key, slot)]
-                self.invalidations += 1
+                self._drop_locked(key, invalidated=True)
+                break  # the dict of read sets may have changed: the run records
             self.misses += 1
-            return None
+        return None
 
-    def record(self, key: tuple[Any, ...], slot: int, call: "BoundCall", subs: list[Submission]) -> None:
+    def stand_ins(self, fn_args: list[Any]) -> ScalarReads:
+        """Replaces the Scalars in fn_args by stand-ins for a recording; what they read is reported to the
+        returned ScalarReads (closed by the caller once the orchestration is over)."""
+        reads = ScalarReads()
+        for i, p in self._scalar_params:
+            fn_args[i] = stand_in(p.spec, fn_args[i], i, p.name, reads)
+        return reads
+
+    def record(self, base_key: tuple[Any, ...], reads: ScalarReads, values: Sequence[Any], call: "BoundCall",
+               subs: list[Submission], passed: dict[int, tuple[PassedScalar, ...]]) -> None:
         """Keeps a run's submissions (after its orchestration returned) for later runs with its key and slot."""
         allocs: dict[int, Allocation] = {}
         for a in call.args:  # the key names these by id
@@ -120,17 +175,12 @@ class DistributedCapture(RecordingTable[Recording]):
             for alloc, _b, _e, _w in sub.accesses:
                 if not isinstance(alloc, SharedAllocation):
                     allocs[id(alloc)] = alloc
-        recording = Recording(subs, tuple(allocs.values()))
-        with self._lock:
-            self._table[(key, slot)] = recording
-            self._table.move_to_end((key, slot))
-            while len(self._table) > self._limit:
-                self._table.popitem(last=False)
-                self.evictions += 1
-
-    def clear(self) -> None:
-        with self._lock:
-            self._table.clear()
+        read = tuple(sorted(reads.reads))
+        # A Scalar read anywhere is in the key: its recorded value is the one every replay has.
+        kept = {i: p for i, p in ((i, tuple(x for x in ps if x[2] not in reads.reads)) for i, ps in passed.items())
+                if p}
+        self._store(base_key, read, tuple(key_value(values[i]) for i in read), Recording(subs, kept,
+                                                                                         tuple(allocs.values())))
 
 
 def _resident(t: DeviceTensor) -> tuple[Any, ...]:

@@ -15,6 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
 
 from engine.binding import bind_call
+from engine.capture import ScalarStandIn
 from engine.distributed.graph import HOST, Submission
 from engine.distributed.memory import SharedAllocation, none_freed
 from engine.distributed.program import READ, WRITE
@@ -93,6 +94,9 @@ class Orchestrator(OrchestrationContext):
         self._subs: list[Submission] = []
         self._open = True
         self._recording = recording  # a captured runtime records this orchestration (engine.distributed.capture)
+        # While recording: per submission index, the Scalar parameters it was passed straight through
+        # (engine.distributed.capture.PassedScalar), so that replays send each run's value.
+        self.passed: dict[int, tuple[tuple[int, Any, int], ...]] = {}
 
     @property
     def workers(self) -> int:
@@ -121,6 +125,12 @@ class Orchestrator(OrchestrationContext):
         InOut tags.
         """
         self._check_open()
+        if self._recording:
+            if isinstance(worker, ScalarStandIn):
+                worker = worker._read()  # where the work goes is part of the key
+            args, kwargs, passed = _passed_scalars(program, args, kwargs)
+            if passed:
+                self.passed[len(self._subs)] = passed
         layout = _layout(program, worker, args, kwargs) if self._run is not None else None
         if layout is not None:
             hit = self._registry.bound.get(layout)
@@ -289,6 +299,32 @@ class _Bound:
             value = args[source] if isinstance(source, int) else kwargs[source]
             descs[i] = ("v", p.spec.check(p.name, value))
         return tuple(descs)
+
+
+def _passed_scalars(program: Any, args: tuple, kwargs: dict[str, Any]
+                    ) -> tuple[tuple, dict[str, Any], tuple[tuple[int, Any, int], ...]]:
+    """A recorded submission's arguments with the Scalar stand-ins given to the sub-program's Scalars replaced
+    by their values, and where each came from: (argument descriptor index, sub-program parameter, the
+    orchestration's parameter index). A stand-in given anywhere else is left to the checks (it is no tensor)."""
+    if not isinstance(program, Program):
+        return args, kwargs, ()
+    params = program.params
+    by_name = {p.name: i for i, p in enumerate(params)}
+    passed: list[tuple[int, Any, int]] = []
+    plain_args = list(args)
+    for i, v in enumerate(args):
+        if isinstance(v, ScalarStandIn) and i < len(params) and isinstance(params[i].spec, Scalar):
+            plain_args[i] = v._value
+            passed.append((i, params[i], v._param))
+    plain_kwargs = dict(kwargs)
+    for name, v in kwargs.items():
+        i = by_name.get(name, -1)
+        if isinstance(v, ScalarStandIn) and i >= 0 and isinstance(params[i].spec, Scalar):
+            plain_kwargs[name] = v._value
+            passed.append((i, params[i], v._param))
+    if not passed:
+        return args, kwargs, ()
+    return tuple(plain_args), plain_kwargs, tuple(passed)
 
 
 def _layout(program: Any, worker: Any, args: tuple, kwargs: dict[str, Any]) -> tuple[Any, ...] | None:

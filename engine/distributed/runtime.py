@@ -100,7 +100,7 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
             raise TypeError(f"capture must be True or False, not {type(capture).__name__}")
         check_positive_int("capture_limit", capture_limit)
         # Recordings of orchestrations, when prepared with capture=True (engine.distributed.capture)
-        self._recordings = DistributedCapture(capture_limit) if capture else None
+        self._recordings = DistributedCapture(capture_limit, prog.params) if capture else None
         threads = worker_threads or max(1, (os.cpu_count() or 1) // workers)
         # Everything that can fail without a process runs first.
         self._plan = plan(prog, workers, self.bounds, threads)
@@ -305,12 +305,14 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         orch: Orchestrator | None = None
         outputs: list[Any] = []
         recordings = self._recordings
-        key: tuple[Any, ...] = ()  # the capture key, when this runtime captures
+        base_key: tuple[Any, ...] = ()  # the capture key's part that binding fixes, when this runtime captures
+        values: list[Any] = []  # the parameters' values, when it captures
         replay = None
         try:
             if recordings is not None:
-                key = recordings.key(call)
-                replay = recordings.lookup(key, slot_index)
+                base_key = recordings.base_key(call, slot_index)
+                values = [a.value for a in call.args]
+                replay = recordings.lookup(base_key, values)
             fn_args: list[Any] = []
             copy_outs: list[tuple[np.ndarray, np.ndarray]] = []
             for a in call.args:
@@ -338,16 +340,22 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
                     fn_args.append(slot.tensor(a.param.name, a.shape, spec.dtype))
             t_staged = now() if spans is not None else 0
             if replay is not None:
-                subs = replay.replay(run)
+                subs = replay.replay(run, values)
             else:
                 arena = ScratchArena(slot.alloc, self._layout.scratch_offset, self._layout.scratch_size,
                                      "shared scratch")
                 orch = Orchestrator(self, self._workers, self._callbacks, self._registry, run, slot.alloc, arena,
                                     call.dims, recording=recordings is not None)
-                self.program.invoke(orch, fn_args)
+                reads = recordings.stand_ins(fn_args) if recordings is not None else None
+                try:
+                    self.program.invoke(orch, fn_args)
+                finally:
+                    if reads is not None:
+                        reads.closed = True  # a stand-in kept beyond the orchestration raises when used
                 subs = orch.seal()
                 if recordings is not None:
-                    recordings.record(key, slot_index, call, subs)
+                    assert reads is not None
+                    recordings.record(base_key, reads, values, call, subs, orch.passed)
         except BaseException:
             if orch is not None:
                 orch.seal()  # a kept `orch` can submit no more

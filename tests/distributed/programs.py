@@ -218,3 +218,35 @@ def reaches_resident(orch: dist.Orchestrator, y: Out(("B", D))):
 def tags_run_id(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D))):
     """Scales by a factor taken from the run's id: what a captured program must not do."""
     orch.submit(scale, x, y, float(orch.run_id % 2 + 1), worker=0)
+
+
+@dist.program
+def branches_on(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D)), factor: Scalar(float)):
+    """y = factor x for a factor above 1, else y = x: the orchestration reads factor (a comparison)."""
+    orch.submit(scale, x, y, factor if factor > 1.0 else 1.0, worker=0)
+
+
+@dist.program
+def widens(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D)), n: Scalar(int)):
+    """y = n x: an int Scalar passed straight into the sub-program's float one (whose check may refuse it)."""
+    orch.submit(scale, x, y, n, worker=0)
+
+
+KEPT: list = []
+
+
+@dist.program
+def keeps_scalar(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D)), factor: Scalar(float)):
+    """Keeps its Scalar beyond the orchestration: what a captured program must not do."""
+    KEPT.append(factor)
+    orch.submit(scale, x, y, 1.0, worker=0)
+
+
+@dist.program
+def steps(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)), y: Out(("B", D)), a: Scalar(float),
+          k: Scalar(int)):
+    """A few submissions over two workers that pass `a` through and branch on `k` (for the property test)."""
+    orch.submit(scale, x, y, a, worker=k % 2)
+    if k >= 2 or orch.planning:  # the planning pass sizes every sub-program it may submit
+        orch.submit(add_into, y, acc, worker=k % 2)
+    orch.submit(scale, y, y, a if k == 3 else 0.5, worker=k % 2)

@@ -5,6 +5,8 @@ from __future__ import annotations
 import anyio
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 import engine
 import engine.distributed as dist
@@ -58,21 +60,92 @@ def test_replays_keep_the_order_of_runs_on_resident_memory(prepare):
     assert _stats(drt) == (2, 6)
 
 
-def test_a_scalar_is_part_of_the_key(prepare):
-    """Another factor or another worker records anew (the value is baked into the recording), and each runs with
-    its own value; a value seen before replays again."""
+def test_a_scalar_passed_straight_through_replays_with_each_runs_value(prepare):
+    """factor goes straight into the sub-program, so one recording serves every factor (signed zeros each sent as
+    itself, a NaN failing on the worker as it does uncaptured); worker is read (it picks the worker), so another
+    worker records anew, and a worker seen before replays again."""
     drt = prepare(P.scaled_on, depth=1, bounds={"B": B}, capture=True)
     acc = [drt.alloc_tensor((B, P.D), init=np.zeros((B, P.D), np.float32), worker_id=i) for i in range(2)]
     x = np.ones((B, P.D), np.float32)
-    for factor, worker, misses in [(2.0, 0, 1), (2.0, 0, 1), (3.0, 0, 2), (3.0, 1, 3), (2.0, 0, 3)]:
+    runs = [(2.0, 0, 1), (3.0, 0, 1), (0.0, 0, 1), (-0.0, 0, 1), (0.0, 0, 1), (3.0, 1, 2), (0.5, 0, 2),
+            (0.5, 1, 2)]
+    for factor, worker, misses in runs:
         _, y = drt(x, acc[worker], factor=factor, worker=worker)
-        np.testing.assert_array_equal(y, x * factor)
+        np.testing.assert_array_equal(y, x * np.float32(factor))
+        assert (np.signbit(y) == np.signbit(factor)).all(), factor
         assert drt.capture_stats()["misses"] == misses
-    np.testing.assert_array_equal(acc[0].to_numpy(), 4 * x)
-    np.testing.assert_array_equal(acc[1].to_numpy(), x)
+    with pytest.raises(ValueError, match="'alpha' must be finite, got nan"):
+        drt(x, acc[0], factor=float("nan"), worker=0)
+    assert drt.capture_stats()["hits"] == len(runs) - 1
+    # Six runs on worker 0 and the failed one, whose add was already on the worker with its scale, as uncaptured.
+    np.testing.assert_array_equal(acc[0].to_numpy(), 7 * x)
+    np.testing.assert_array_equal(acc[1].to_numpy(), 2 * x)
     with pytest.raises(ValueError, match="worker 5 does not exist"):  # a new key records: its checks still run
         drt(x, acc[0], factor=1.0, worker=5)
     np.testing.assert_array_equal(drt(x, acc[1], factor=1.0, worker=1)[1], x)
+
+
+def test_a_scalar_the_orchestration_reads_is_part_of_the_key(prepare):
+    """factor > 1 reads factor: each value records once (the one passed on with it is the recorded one), and a
+    value seen before replays."""
+    drt = prepare(P.branches_on, depth=1, bounds={"B": B}, capture=True)
+    x = np.arange(B * P.D, dtype=np.float32).reshape(B, P.D)
+    for factor, effective, misses in [(2.0, 2.0, 1), (3.0, 3.0, 2), (0.5, 1.0, 3), (2.0, 2.0, 3), (0.5, 1.0, 3)]:
+        np.testing.assert_array_equal(drt(x, factor=factor), x * np.float32(effective))
+        assert drt.capture_stats()["misses"] == misses
+    assert drt.capture_stats()["entries"] == 3
+
+
+def test_a_passed_scalar_is_checked_on_every_replay_as_a_submit_checks_it(prepare):
+    """An int too large for the sub-program's float Scalar: refused with the uncaptured run's error before
+    anything runs, the slot back, the runtime usable."""
+    x = np.ones((B, P.D), np.float32)
+    errors = []
+    for captured in (True, False):
+        drt = prepare(P.widens, depth=2, bounds={"B": B}, capture=captured)
+        np.testing.assert_array_equal(drt(x, n=2), 2 * x)
+        np.testing.assert_array_equal(drt(x, n=3), 3 * x)
+        with pytest.raises(ValueError, match="parameter 'factor'") as raised:
+            drt(x, n=10 ** 400)
+        errors.append(str(raised.value))
+        assert drt.memory_stats()["free_slots"] == 2
+        np.testing.assert_array_equal(drt(x, n=4), 4 * x)
+        if captured:
+            assert _stats(drt) == (2, 2)  # one recording per slot; the refused run was a hit that sent nothing
+    assert errors[0] == errors[1]
+
+
+def test_a_scalar_kept_beyond_its_recording_raises_when_used(prepare):
+    drt = prepare(P.keeps_scalar, depth=1, bounds={"B": B}, capture=True)
+    P.KEPT.clear()
+    x = np.ones((B, P.D), np.float32)
+    np.testing.assert_array_equal(drt(x, factor=2.0), x)
+    with pytest.raises(engine.CaptureError, match="'factor' was kept beyond"):
+        float(P.KEPT[0])
+    np.testing.assert_array_equal(drt(x, factor=3.0), x)  # a replay: the function does not run
+    assert len(P.KEPT) == 1
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.sampled_from([0.5, -1.25, 2.0, 0.0, -0.0, 1e30]),
+                          st.integers(0, 3)), min_size=1, max_size=8))
+def test_captured_runs_match_uncaptured_bit_for_bit_over_scalar_values(prepare, runs):
+    """A program that passes one Scalar through and branches on another, over random values, run captured and
+    uncaptured side by side: outputs and the InOut accumulator bit-identical."""
+    drts = _PROPERTY_RUNTIMES.get("steps")
+    if drts is None:
+        drts = _PROPERTY_RUNTIMES["steps"] = [prepare(P.steps, depth=2, bounds={"B": B}, capture=c)
+                                              for c in (False, True)]
+    rng = np.random.default_rng(len(runs))
+    accs = [np.zeros((B, P.D), np.float32) for _ in drts]
+    for a, k in runs:
+        x = randn(rng, B, P.D)
+        ys = [drt(x, acc, a=a, k=k)[1] for drt, acc in zip(drts, accs)]
+        np.testing.assert_array_equal(ys[0].view(np.uint32), ys[1].view(np.uint32))
+        np.testing.assert_array_equal(accs[0].view(np.uint32), accs[1].view(np.uint32))
+
+
+_PROPERTY_RUNTIMES: dict[str, list[dist.DistributedRuntime]] = {}
 
 
 def test_a_recording_whose_reached_tensor_was_freed_is_recorded_again(prepare):
@@ -104,11 +177,10 @@ def test_reading_the_run_id_while_recording_raises_and_the_runtime_stays_usable(
 
 
 def test_the_oldest_recording_goes_past_the_limit(prepare):
-    drt = prepare(P.scaled_on, depth=1, bounds={"B": B}, capture=True, capture_limit=2)
-    acc = drt.alloc_tensor((B, P.D), init=np.zeros((B, P.D), np.float32), worker_id=0)
+    drt = prepare(P.branches_on, depth=1, bounds={"B": B}, capture=True, capture_limit=2)
     x = np.ones((B, P.D), np.float32)
-    for factor in (1.0, 2.0, 3.0, 1.0):
-        np.testing.assert_array_equal(drt(x, acc, factor=factor, worker=0)[1], x * factor)
+    for factor in (1.5, 2.0, 3.0, 1.5):  # read by the orchestration: four keys
+        np.testing.assert_array_equal(drt(x, factor=factor), x * factor)
     stats = drt.capture_stats()
     assert (stats["misses"], stats["hits"], stats["entries"], stats["evictions"]) == (4, 0, 2, 2)
 

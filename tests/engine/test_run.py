@@ -498,6 +498,20 @@ def test_a_kept_call_still_meets_every_check(prepared):
         rt3()
 
 
+def test_a_kept_call_tells_signed_zeros_apart(prepared):
+    """0.0 == -0.0, but a call with alpha=-0.0 is not the one kept for alpha=0.0 (the sign of a zero product)."""
+
+    @engine.program
+    def scaled(run, x: In((4,)), y: Out((4,)), a: Scalar(float)):
+        run.submit(K.scale, x, out=y, alpha=a)
+
+    rt = prepared(scaled, depth=1)
+    x = np.ones(4, np.float32)
+    for a in (0.0, 0.0, -0.0, -0.0, 0.0):
+        y = rt(x, a=a)
+        assert (np.signbit(y) == np.signbit(a)).all(), a
+
+
 def test_a_runtime_dropped_without_close_is_collected_with_its_kept_calls():
     import gc
     import weakref
