@@ -1,6 +1,6 @@
 """Captured runs against uncaptured ones: the same programs prepared with and without capture=True.
 
-Three workloads, each run captured and uncaptured in the same process, the
+Four workloads, each run captured and uncaptured in the same process, the
 repetitions interleaved (alternating which goes first) so that both see the
 same machine; each repetition prepares its runtime anew and runs it for 0.2 s
 before measuring:
@@ -9,7 +9,11 @@ before measuring:
   64x64 matmul steps over scratch, one pool worker);
 - minilm: all-MiniLM-L6-v2 at batch 1 and 8 (needs the `models` extra), the
   ids already tokenized, weights resident;
-- decoder: the streaming decoder's step (4 layers x 256), one token at a time.
+- decoder: the streaming decoder's step (4 layers x 256), one token at a time;
+- distributed: engine.distributed, a two-stage pipeline over 8 micro-batches
+  on 2 chip workers (16 sub-program calls a run, tandem.programs'
+  microbatch_pipeline), with a Scalar that changes on every run passed
+  straight into the second stage: captured, each run replays with its value.
 
 Figures per workload and mode:
 - runs/s: pipelined runs at depth 2 (tokens/s for the decoder);
@@ -20,7 +24,7 @@ Figures per workload and mode:
 - the captured over uncaptured ratios (above 1 is better for runs/s, below 1
   for the host costs).
 
-    python benchmarks/capture.py [--quick] [--reps R] [--only tasks,minilm,decoder] [--json PATH]
+    python benchmarks/capture.py [--quick] [--reps R] [--only tasks,minilm,decoder,distributed] [--json PATH]
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ import numpy as np  # noqa: E402
 from _common import print_table, write_json  # noqa: E402
 
 import engine  # noqa: E402
-from tandem.programs import SMALL, small_tasks, warm_up  # noqa: E402  (the program `tandem demo` shows captured)
+from tandem.programs import SMALL, microbatch_pipeline, small_tasks, warm_up  # noqa: E402  (`tandem demo` shows small_tasks)
 
 MODES = (False, True)  # uncaptured, captured
 
@@ -133,6 +137,33 @@ class DecoderWorkload(Workload):
         return self.dec._args((self.dec._next_ids[pos], pos))
 
 
+class DistributedWorkload(Workload):
+    """microbatch_pipeline on 2 chip workers, its weights resident on their stage's worker, a new alpha every run."""
+
+    def __init__(self) -> None:
+        rng = np.random.default_rng(0)
+        self.name = "distributed"
+        self.x = rng.standard_normal((SMALL, SMALL)).astype(np.float32)
+        self.w = [(rng.standard_normal((SMALL, SMALL)) / 8).astype(np.float32) for _ in range(2)]
+        self.rt: Any = None
+        self.runs = 0  # alpha never repeats, not even across the measurements (each counts its runs from 0)
+
+    def open(self, capture: bool) -> None:
+        self.rt = microbatch_pipeline.prepare(workers=2, worker_threads=1, depth=2, bounds={"B": SMALL},
+                                              capture=capture)
+        self.wd = [self.rt.alloc_tensor((SMALL, SMALL), init=w, worker_id=i) for i, w in enumerate(self.w)]
+
+    def close(self) -> None:
+        self.rt.close()
+
+    def runtime(self) -> Any:
+        return self.rt
+
+    def args(self, i: int) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        self.runs += 1
+        return (self.x, *self.wd), {"alpha": 1.0 + 1e-6 * self.runs}
+
+
 def throughput(w: Workload, runs: int) -> float:
     rt = w.runtime()
     t0 = time.perf_counter()
@@ -212,6 +243,7 @@ WORKLOADS: dict[str, Callable[[], list[Workload]]] = {
     "tasks": lambda: [TasksWorkload()],
     "minilm": lambda: [MiniLMWorkload(1), MiniLMWorkload(8)],
     "decoder": lambda: [DecoderWorkload()],
+    "distributed": lambda: [DistributedWorkload()],
 }
 
 

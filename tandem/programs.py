@@ -3,8 +3,9 @@
 `tandem demo` and `tandem trace mlp` run the MLP; `tandem trace overlap` and the
 overlap benchmark (benchmarks/overlap.py) run `spin`, so a trace shows exactly
 the work the benchmark measures; `tandem demo` and benchmarks/capture.py run
-`small_tasks` captured and uncaptured. Both also warm a fresh runtime up the
-same way before measuring it (warm_up).
+`small_tasks` captured and uncaptured, and benchmarks/capture.py runs
+`microbatch_pipeline` (engine.distributed) both ways too. Both also warm a
+fresh runtime up the same way before measuring it (warm_up).
 
 The parameters are annotated with engine specs (`In(...)`), which a type checker
 does not read as types: mypy reports `valid-type` for them, as for any program.
@@ -19,6 +20,7 @@ from typing import Callable
 import numpy as np
 
 import engine
+import engine.distributed as dist
 from engine import In, Out, Scalar
 from engine import kernels as K
 
@@ -102,3 +104,31 @@ def spin(run: engine.Run, x: In((16,)), host_s: Scalar(float), device_ns: Scalar
     """`host_s` seconds of Python orchestration, then one `spin` task of `device_ns` on the device."""
     python_work(host_s)
     run.submit(K.spin, ns=device_ns)
+
+
+MICRO_BATCHES = 8  # microbatch_pipeline's micro-batches a run
+
+
+@engine.program
+def pipeline_stage(run: engine.Run, x: In(("M", SMALL)), w: In((SMALL, SMALL)), y: Out(("M", SMALL)),
+                   alpha: Scalar(float)) -> None:
+    """y = alpha * relu(x @ w): one stage for one micro-batch."""
+    run.submit(K.matmul, x, w, out=y)
+    run.submit(K.relu, y, out=y)
+    run.submit(K.scale, y, out=y, alpha=alpha)
+
+
+@dist.program
+def microbatch_pipeline(orch: dist.Orchestrator, x: In(("B", SMALL)), w0: In((SMALL, SMALL)),
+                        w1: In((SMALL, SMALL)), y: Out(("B", SMALL)), alpha: Scalar(float)) -> None:
+    """Two pipeline stages on chip workers 0 and 1 (w0, w1 resident there) over MICRO_BATCHES micro-batches, 16
+    sub-program calls a run; `alpha` (a per-run value, say a temperature) goes straight into the second stage."""
+    h = orch.scratch(("B", SMALL))
+    for xs, hs, ys in zip(orch.split(x, MICRO_BATCHES), orch.split(h, MICRO_BATCHES), orch.split(y, MICRO_BATCHES)):
+        orch.submit(pipeline_stage, xs, w0, hs, 1.0, worker=0)
+        orch.submit(pipeline_stage, hs, w1, ys, alpha, worker=1)
+
+
+def microbatch_pipeline_reference(x: np.ndarray, w0: np.ndarray, w1: np.ndarray, alpha: float) -> np.ndarray:
+    h = np.maximum(x @ w0, 0)
+    return np.float32(alpha) * np.maximum(h @ w1, 0)

@@ -235,3 +235,19 @@ def test_a_replay_costs_the_host_less_than_the_orchestration_it_replaces(prepare
         times = {c: _orchestration_us(drt, a) for c, (drt, a) in args.items()}
         ratios.append(times[True] / times[False])
     assert min(ratios) < 0.85, ratios
+
+
+def test_the_capture_benchmarks_pipeline_replays_with_a_new_scalar_every_run(prepare):
+    """tandem.programs.microbatch_pipeline (benchmarks/capture.py's distributed workload): 16 sub-program calls
+    over two workers, a new alpha every run, every run after one per slot a replay, results as numpy's."""
+    from tandem.programs import SMALL, microbatch_pipeline, microbatch_pipeline_reference
+
+    rng = np.random.default_rng(2)
+    w = [randn(rng, SMALL, SMALL, scale=0.125) for _ in range(2)]
+    drt = prepare(microbatch_pipeline, depth=2, bounds={"B": SMALL}, capture=True)
+    wd = [drt.alloc_tensor(wi.shape, init=wi, worker_id=i) for i, wi in enumerate(w)]
+    for i in range(6):
+        x, alpha = randn(rng, SMALL, SMALL), 1.0 + 0.25 * i
+        np.testing.assert_allclose(drt(x, *wd, alpha=alpha), microbatch_pipeline_reference(x, *w, alpha),
+                                   rtol=1e-4, atol=1e-5)
+    assert _stats(drt) == (2, 4)
