@@ -52,6 +52,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 from engine.capture import RecordingTable, ScalarReads, key_value, stand_in, table_key
 from engine.distributed.graph import Submission
 from engine.distributed.memory import SharedAllocation, none_freed
+from engine.distributed.protocol import with_scalars
 from engine.specs import Scalar
 from engine.tensor import DeviceTensor
 
@@ -71,7 +72,7 @@ PassedScalar = tuple[int, "Param", int]
 class Recording:
     """One slot's submissions for one capture key, and the resident allocations they (and the key) name."""
 
-    __slots__ = ("subs", "allocs", "key", "dropped", "_sent")
+    __slots__ = ("subs", "allocs", "key", "dropped")
 
     def __init__(self, subs: list[Submission], passed: dict[int, tuple[PassedScalar, ...]],
                  allocs: tuple["Allocation", ...]) -> None:
@@ -81,9 +82,6 @@ class Recording:
         self.allocs = allocs  # held: the ids in the key stay theirs while the recording lives
         self.key: tuple[Any, ...] = ()
         self.dropped = False
-        # Per submission, the last (values, descriptors) a replay sent: equal values send the very same
-        # descriptors, which the transport's codec encodes once.
-        self._sent: list[tuple[tuple[Any, ...], tuple[Any, ...]] | None] = [None] * len(self.subs)
 
     def live(self) -> bool:
         return none_freed(self.allocs)
@@ -94,24 +92,12 @@ class Recording:
         subs = []
         for i, (worker, name, accesses, payload, passed) in enumerate(self.subs):
             if passed:
-                payload = self._with_values(i, payload, passed, values)
+                key, dims, descs, access = payload
+                # Sent as the recorded descriptors' body and the values (protocol.ScalarArgs).
+                payload = (key, dims, with_scalars(descs, [(index, p.spec.check(p.name, values[source]))
+                                                           for index, p, source in passed]), access)
             subs.append(Submission(run, i, worker, name, list(accesses), payload))
         return subs
-
-    def _with_values(self, i: int, payload: tuple[Any, ...], passed: tuple[PassedScalar, ...],
-                     values: Sequence[Any]) -> tuple[Any, ...]:
-        key, dims, descs, access = payload
-        checked = [p.spec.check(p.name, values[source]) for _, p, source in passed]
-        seen = tuple(map(key_value, checked))  # by value and type: 0.0 and -0.0 are different values
-        last = self._sent[i]
-        if last is not None and last[0] == seen:
-            return (key, dims, last[1], access)
-        patched = list(descs)
-        for (index, _, _), value in zip(passed, checked):
-            patched[index] = ("v", value)
-        sent = tuple(patched)
-        self._sent[i] = (seen, sent)
-        return (key, dims, sent, access)
 
 
 class DistributedCapture(RecordingTable[Recording]):

@@ -19,6 +19,7 @@ from engine.capture import ScalarStandIn
 from engine.distributed.graph import HOST, Submission
 from engine.distributed.memory import SharedAllocation, none_freed
 from engine.distributed.program import READ, WRITE
+from engine.distributed.protocol import with_scalars
 from engine.errors import CaptureError
 from engine.hostarrays import is_host_array
 from engine.orchestration import OrchestrationContext, ScratchArena
@@ -294,11 +295,11 @@ class _Bound:
     def with_scalars(self, args: tuple, kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], ...]:
         if not self.scalars:
             return self.descs
-        descs = list(self.descs)
+        patches = []
         for i, source, p in self.scalars:
             value = args[source] if isinstance(source, int) else kwargs[source]
-            descs[i] = ("v", p.spec.check(p.name, value))
-        return tuple(descs)
+            patches.append((i, p.spec.check(p.name, value)))
+        return with_scalars(self.descs, patches)  # sent as self.descs' body and the values
 
 
 def _passed_scalars(program: Any, args: tuple, kwargs: dict[str, Any]

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pickle
+import struct
 
 import pytest
 
-from engine.distributed.protocol import Call, Codec, Done, MemoryOp, Result, Stop, decode, encode
+from engine.distributed.protocol import (Call, Codec, Done, MemoryOp, Result, ScalarArgs, Stop, decode, encode,
+                                         with_scalars)
 from engine.errors import KernelError
 
 ARGS = (("s", 0, 0, (16,), (1,), "float32"), ("s", 0, 64, (16,), (1,), "float32"), ("v", 2.5))
@@ -84,3 +86,42 @@ def test_a_codec_remembers_a_bounded_number_of_bodies():
         kept.append(args)  # alive, so every id stays distinct
         assert receiver.decode(sender.encode(Call(i, 0, {}, args, (0,)))).args == args
     assert len(sender._sent) <= 1024 and len(receiver._received) <= 1024
+
+
+def _same(a: object, b: object) -> bool:
+    """Equal, with floats by their bits and bools told from ints."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return struct.pack("<d", a) == struct.pack("<d", b)
+    return type(a) is type(b) and a == b
+
+
+@pytest.mark.parametrize("values", [(3.5,), (-0.0,), (float("nan"),), (float("-inf"),), (True,), (False,), (7,),
+                                    (-(1 << 63),), ((1 << 63) - 1,), (1 << 63,), (10 ** 400,), ("text",)])
+def test_new_scalar_values_travel_as_patches_of_a_body_sent_before(values, monkeypatch):
+    """A Call whose descriptors are another's with new scalars (ScalarArgs) decodes to the very values, types and
+    float bits given; those that fit a fixed struct go as patches of the base's remembered body (one pickle of it
+    each way, however many values follow), the others (an int past 64 bits, a str) as a whole pickle."""
+    sender, receiver = Codec(), Codec()
+    base = ARGS
+    receiver.decode(sender.encode(Call(1, 3, {"B": 4}, base, (1, 2, 0))))
+    dumps, loads = [], []
+    real_dumps, real_loads = pickle.dumps, pickle.loads
+    monkeypatch.setattr(pickle, "dumps", lambda *a, **k: dumps.append(1) or real_dumps(*a, **k))
+    monkeypatch.setattr(pickle, "loads", lambda *a, **k: loads.append(1) or real_loads(*a, **k))
+    for seq in (2, 3):
+        args = with_scalars(base, [(2, values[0])])
+        assert type(args) is ScalarArgs and args == (*ARGS[:2], ("v", values[0]))
+        data = sender.encode(Call(seq, 3, {"B": 4}, args, (1, 2, 0)))
+        back = receiver.decode(data)
+        assert type(back) is Call and back.seq == seq and _same(back.args, (*ARGS[:2], ("v", values[0])))
+        assert type(back.args) is tuple
+    fits = type(values[0]) in (float, bool) or (type(values[0]) is int and -(1 << 63) <= values[0] < (1 << 63))
+    assert (len(dumps), len(loads)) == ((0, 0) if fits else (2, 1))  # the same value twice: the same bytes
+
+
+def test_scalar_args_pickle_as_the_plain_tuple_they_are():
+    args = with_scalars(ARGS, [(2, 9.0)])
+    back = pickle.loads(pickle.dumps(args, protocol=pickle.HIGHEST_PROTOCOL))
+    assert type(back) is tuple and back == (*ARGS[:2], ("v", 9.0))

@@ -191,6 +191,20 @@ def test_pipeline_parallel_stages_hand_over_through_the_host(cluster):
         drt.close()
 
 
+def test_a_replay_sends_each_runs_scalar_over_ray(cluster):
+    """A Scalar passed straight into a sub-program (engine.distributed.capture): one recording per slot, every
+    later run a replay with its own value."""
+    drt = _ray(P.widens, depth=2, bounds={"B": B}, capture=True)
+    try:
+        x = np.ones((B, P.D), np.float32)
+        for n in range(1, 7):
+            np.testing.assert_array_equal(drt(x, n=n), n * x)
+        stats = drt.capture_stats()
+        assert (stats["misses"], stats["hits"]) == (2, 4)
+    finally:
+        drt.close()
+
+
 def test_host_callbacks_run_on_the_driver_with_the_workers_outputs(cluster):
     rng = np.random.default_rng(4)
     w = randn(rng, P.KD, P.N, scale=0.1)
