@@ -48,9 +48,12 @@ DEFAULT_SPIN_US = 200
 _SHARED_ID_BASE = 1 << 48
 
 
-def main(conn: connection.Connection, spin_us: int = DEFAULT_SPIN_US) -> None:
-    """The process entry point (the target the transport starts); spin_us: see serve()."""
+def main(conn: connection.Connection, spin_us: int = DEFAULT_SPIN_US, cpus: tuple[int, ...] = ()) -> None:
+    """The process entry point (the target the transport starts); spin_us: see serve(); cpus: the CPUs this
+    worker is bound to (empty: unbound), before any thread of its pool starts (they inherit the binding)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the host decides when a worker stops
+    if cpus:
+        _bind_threads(cpus)
     host: ChipHost | None = None
     try:
         setup = decode(conn.recv_bytes())
@@ -69,6 +72,20 @@ def main(conn: connection.Connection, spin_us: int = DEFAULT_SPIN_US) -> None:
         serve(conn, host, spin_us)
     finally:
         host.close()
+
+
+def _bind_threads(cpus: tuple[int, ...]) -> None:
+    """Binds every thread of this process to `cpus`: those started later inherit it from this one, and those the
+    imports started (OpenBLAS's, say) are bound one by one."""
+    try:
+        tids = [int(t) for t in os.listdir("/proc/self/task")]
+    except OSError:  # no /proc: this thread, and those it starts
+        tids = [0]
+    for tid in tids:
+        try:
+            os.sched_setaffinity(tid, cpus)
+        except OSError:  # a thread gone meanwhile, or a CPU taken away (cpusets): that thread stays unbound
+            pass
 
 
 def serve(conn: connection.Connection, host: "ChipHost", spin_us: int = DEFAULT_SPIN_US) -> None:

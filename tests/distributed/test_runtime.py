@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 
@@ -324,6 +325,42 @@ def test_the_receiving_thread_moves_to_the_cpu_of_the_sender_that_woke_it(prepar
 def test_a_bad_follow_sender_is_refused_before_any_process_starts(follow):
     with pytest.raises(ValueError, match="follow_sender"):
         dist.ProcessTransport(2, follow_sender=follow)
+
+
+# -- the chip workers' CPUs ---------------------------------------------------------------------------------
+def _thread_cpus(pid: int) -> list[set[int]]:
+    """The CPUs each thread of process `pid` may run on."""
+    return [os.sched_getaffinity(int(tid)) for tid in os.listdir(f"/proc/{pid}/task")]
+
+
+@pytest.mark.skipif(len(BINDABLE) < 2, reason="needs two CPUs this process may bind threads to")
+@pytest.mark.parametrize("pin", [True, False])
+def test_each_chip_worker_is_bound_to_cpus_of_its_own(pin):
+    """pin_workers: every thread of worker i (its serving thread, its pool) on the i-th CPU this process may use;
+    unbound, every thread may use them all. The runs compute the same either way."""
+    drt = P.slow.prepare(workers=2, worker_threads=1, depth=2, transport=dist.ProcessTransport(2, pin_workers=pin))
+    try:
+        np.testing.assert_array_equal(drt(np.zeros(2, np.float32), 1), np.ones(2, np.float32))
+        for i, pid in enumerate(drt.pids):
+            assert all(cpus == ({BINDABLE[i]} if pin else set(BINDABLE)) for cpus in _thread_cpus(pid))
+    finally:
+        drt.close()
+
+
+def test_workers_are_bound_only_when_all_their_threads_fit():
+    cpus = dist.transport.worker_cpus
+    assert cpus(2, 1, [0, 1]) == [(0,), (1,)]
+    assert cpus(2, 1, [2, 5, 7]) == [(2,), (5,)]  # in order, skipping what this process may not use
+    assert cpus(2, 2, [0, 1, 2, 3]) == [(0, 1), (2, 3)]
+    assert cpus(2, 2, [0, 1]) == [(), ()]  # more threads than CPUs: the scheduler shares them out
+    assert cpus(3, 1, [0, 1]) == [(), (), ()]
+    assert cpus(1, 1, [0, 1]) == [()]  # one worker: nobody to keep apart
+
+
+@pytest.mark.parametrize("pin", [1, None, "yes"])
+def test_a_bad_pin_workers_is_refused_before_any_process_starts(pin):
+    with pytest.raises(ValueError, match="pin_workers"):
+        dist.ProcessTransport(2, pin_workers=pin)
 
 
 # -- the caller reading its own replies --------------------------------------------------------------------
