@@ -10,7 +10,8 @@ from engine.distributed.protocol import Done, Ready, decode, encode
 REPLIES = 500
 
 
-def burst_then_exit(conn: connection.Connection, spin_us: int = 0) -> None:  # as engine.distributed.worker.main
+def burst_then_exit(conn: connection.Connection, spin_us: int = 0,
+                    cpus: tuple[int, ...] = ()) -> None:  # as engine.distributed.worker.main
     decode(conn.recv_bytes())  # the Setup
     conn.send_bytes(encode(Ready(os.getpid(), 1, 0)))
     for seq in range(1, REPLIES + 1):
