@@ -126,12 +126,18 @@ class Orchestrator(OrchestrationContext):
         InOut tags.
         """
         self._check_open()
-        if self._recording:
-            if isinstance(worker, ScalarStandIn):
-                worker = worker._read()  # where the work goes is part of the key
-            args, kwargs, passed = _passed_scalars(program, args, kwargs)
-            if passed:
-                self.passed[len(self._subs)] = passed
+        if not self._recording:
+            self._submit(program, worker, args, kwargs)
+            return
+        if isinstance(worker, ScalarStandIn):
+            worker = worker._read()  # where the work goes is part of the key
+        args, kwargs, passed = _passed_scalars(program, args, kwargs)
+        index = len(self._subs)
+        self._submit(program, worker, args, kwargs)
+        if passed and len(self._subs) > index:  # noted once the submission is in (a refused one is not)
+            self.passed[index] = passed
+
+    def _submit(self, program: Program, worker: Any, args: tuple, kwargs: dict[str, Any]) -> None:
         layout = _layout(program, worker, args, kwargs) if self._run is not None else None
         if layout is not None:
             hit = self._registry.bound.get(layout)

@@ -256,7 +256,9 @@ class Codec:
 
 def _pack_patches(patches: tuple[tuple[int, Any], ...]) -> bytes | None:
     """The patches as fixed structs, or None when one will not fit (a value that is not a plain bool, int64 or
-    float: the Call then travels as a whole pickle)."""
+    float, or more patches than the head counts: the Call then travels as a whole pickle)."""
+    if len(patches) > 0xFFFF:
+        return None
     out = []
     for index, value in patches:
         kind = type(value)

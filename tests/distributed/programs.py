@@ -250,3 +250,13 @@ def steps(orch: dist.Orchestrator, x: In(("B", D)), acc: InOut(("B", D)), y: Out
     if k >= 2 or orch.planning:  # the planning pass sizes every sub-program it may submit
         orch.submit(add_into, y, acc, worker=k % 2)
     orch.submit(scale, y, y, a if k == 3 else 0.5, worker=k % 2)
+
+
+@dist.program
+def falls_back(orch: dist.Orchestrator, x: In(("B", D)), y: Out(("B", D)), factor: Scalar(float)):
+    """A submission refused and caught (no such worker), then another without the Scalar: y = x."""
+    try:
+        orch.submit(scale, x, y, factor, worker=orch.workers)
+    except ValueError:
+        pass
+    orch.submit(scale, x, y, 1.0, worker=0)

@@ -126,6 +126,16 @@ def test_a_scalar_kept_beyond_its_recording_raises_when_used(prepare):
     assert len(P.KEPT) == 1
 
 
+def test_a_refused_submission_leaves_no_scalar_behind_for_the_next(prepare):
+    """The orchestration catches a refused submission that was given the Scalar and submits another without it:
+    replays send the recorded 1.0, not the run's factor."""
+    drt = prepare(P.falls_back, depth=1, bounds={"B": B}, capture=True)
+    x = np.arange(B * P.D, dtype=np.float32).reshape(B, P.D)
+    for factor in (2.0, 3.0, 4.0):
+        np.testing.assert_array_equal(drt(x, factor=factor), x)
+    assert _stats(drt) == (1, 2)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from([0.5, -1.25, 2.0, 0.0, -0.0, 1e30]),
                           st.integers(0, 3)), min_size=1, max_size=8))
