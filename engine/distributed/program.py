@@ -104,7 +104,9 @@ class DistributedProgram(ProgramBase):
 
         capture: record the orchestration once per capture key and slot and
         replay its submissions after (engine.distributed.capture says what a
-        captured program may do; Scalar values are part of the key);
+        captured program may do; a Scalar passed straight into a sub-program
+        is replayed with each run's value, one the function reads is part of
+        the key);
         capture_limit: how many recordings the runtime keeps.
         """
         from engine.distributed.runtime import DistributedRuntime
