@@ -65,11 +65,10 @@ from engine.tensor import Allocation, DeviceTensor
 
 if TYPE_CHECKING:
     from engine.binding import BoundCall
-    from engine.program import Program
+    from engine.program import Param, Program
     from engine.slots import Slot
 
-__all__ = ["Capture", "RecordingTable", "TableEntry", "table_key", "ScalarReads", "ScalarStandIn", "stand_in",
-           "key_value"]
+__all__ = ["Capture", "RecordingTable", "TableEntry", "ScalarReads", "ScalarStandIn", "scalar_params", "stand_ins"]
 
 _PLANS_PER_RECORDING = 64  # materialized base tables kept per recording (slots x resident-argument placements)
 
@@ -200,10 +199,17 @@ numbers.Integral.register(IntStandIn)
 numbers.Real.register(FloatStandIn)
 
 
-def stand_in(spec: Scalar, value: Any, param: int, name: str, recorder: ScalarReads) -> ScalarStandIn:
-    """Parameter `param`'s value during a recording (reads reported to `recorder`)."""
-    cls = FloatStandIn if spec.type is float else IntStandIn  # bool is an int
-    return cls(value, param, name, recorder)
+def scalar_params(params: Sequence["Param"]) -> tuple[tuple[int, "Param"], ...]:
+    """(index, parameter) of a program's Scalar parameters."""
+    return tuple((i, p) for i, p in enumerate(params) if isinstance(p.spec, Scalar))
+
+
+def stand_ins(scalars: Sequence[tuple[int, "Param"]], args: list[Any], recorder: ScalarReads) -> None:
+    """Replaces each Scalar parameter's value in `args` by its stand-in for a recording (reads reported to
+    `recorder`)."""
+    for i, p in scalars:
+        cls = FloatStandIn if p.spec.type is float else IntStandIn  # bool is an int
+        args[i] = cls(args[i], i, p.name, recorder)
 
 
 # -- recording ---------------------------------------------------------------------------------------
@@ -410,7 +416,7 @@ class RecordingTable(Generic[_Entry]):
             read_sets = self._read_sets.get(base_key)
             candidates = []
             for reads in read_sets or ():
-                key = table_key(base_key, reads, values)
+                key = _table_key(base_key, reads, values)
                 entry = self._table.get(key)
                 if entry is not None:
                     candidates.append((key, entry))
@@ -427,9 +433,9 @@ class RecordingTable(Generic[_Entry]):
         with self._lock:
             self.misses += 1
 
-    def _store(self, base_key: tuple[Any, ...], reads: tuple[int, ...], values: tuple[Any, ...],
-               entry: _Entry) -> None:
-        key = (base_key, reads, values)
+    def _store(self, base_key: tuple[Any, ...], reads: tuple[int, ...], values: Sequence[Any], entry: _Entry) -> None:
+        """Keeps a recording that read `reads` of the parameters, whose values were `values`."""
+        key = _table_key(base_key, reads, values)
         entry.key = key
         with self._lock:
             replaced = self._table.get(key)
@@ -448,15 +454,12 @@ class RecordingTable(Generic[_Entry]):
 
     def _drop(self, key: tuple[Any, ...], invalidated: bool) -> None:
         with self._lock:
-            self._drop_locked(key, invalidated)
-
-    def _drop_locked(self, key: tuple[Any, ...], invalidated: bool) -> None:
-        dropped = self._table.pop(key, None)
-        if dropped is not None:
-            dropped.dropped = True
-            self._forget(key)
-            if invalidated:
-                self.invalidations += 1
+            dropped = self._table.pop(key, None)
+            if dropped is not None:
+                dropped.dropped = True
+                self._forget(key)
+                if invalidated:
+                    self.invalidations += 1
 
     def _forget(self, key: tuple[Any, ...]) -> None:
         """key left the table: its read set goes when no recording of its base key has it. Lock held."""
@@ -482,7 +485,7 @@ class Capture(RecordingTable["Recorded"]):
         self._tensor_base = {i: b for b, i in enumerate(i for i, p in enumerate(program.params)
                                                          if isinstance(p.spec, TensorSpec))}
         self._scratch_base = len(self._tensor_base)
-        self._scalar_params = [i for i, p in enumerate(program.params) if isinstance(p.spec, Scalar)]
+        self._scalar_params = scalar_params(program.params)
         self._symbols = program.symbols
         self._slot_bases: dict[int, list[Base]] = {}
         self.recording = threading.local()  # .active: a recording orchestrates on this thread
@@ -518,7 +521,7 @@ class Capture(RecordingTable["Recorded"]):
             return base_key
         values = [a.value for a in call.args]
         recorded, reads = self._record(port, native, slot, call, fn_args, device_args, force)
-        self._store(base_key, reads, tuple(key_value(values[i]) for i in reads), recorded)
+        self._store(base_key, reads, values, recorded)
         return None
 
     @property
@@ -594,9 +597,7 @@ class Capture(RecordingTable["Recorded"]):
             regions.append((self._scratch_base, slot.scratch.id, slot.scratch.addr, 0, slot.scratch.size))
         recorder = Recorder(port.owner, regions, private, self._scratch_base + 1, force)
         args = list(fn_args)
-        for i in self._scalar_params:
-            p = self._program.params[i]
-            args[i] = stand_in(p.spec, fn_args[i], i, p.name, recorder)
+        stand_ins(self._scalar_params, args, recorder)
         arena = slot.arena
         arena.used = 0
         assert port.engine is not None
@@ -659,11 +660,11 @@ def _device_layout(device_args: list[tuple[int, DeviceTensor]]) -> tuple[Any, ..
     return tuple(out)
 
 
-def table_key(base_key: tuple[Any, ...], reads: tuple[int, ...], values: Sequence[Any]) -> tuple[Any, ...]:
+def _table_key(base_key: tuple[Any, ...], reads: tuple[int, ...], values: Sequence[Any]) -> tuple[Any, ...]:
     """A recording's key in a RecordingTable: its base key, the parameters it read, their values."""
-    return (base_key, reads, tuple([key_value(values[i]) for i in reads]) if reads else ())
+    return (base_key, reads, tuple([_key_value(values[i]) for i in reads]) if reads else ())
 
 
-def key_value(v: Any) -> Any:
+def _key_value(v: Any) -> Any:
     """A read value as a key: floats by their bits (0.0 and -0.0 differ; NaN equals itself)."""
     return v.hex() if type(v) is float else v

@@ -28,6 +28,13 @@ def check_positive_int(name: str, value: Any) -> int:
     return value
 
 
+def check_flag(name: str, value: Any) -> bool:
+    """An option that must be True or False (ValueError otherwise: 1 or "yes" are no flags)."""
+    if not isinstance(value, bool):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return value
+
+
 def check_non_negative_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise ValueError(f"{name} must be a non-negative int")

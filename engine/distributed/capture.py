@@ -49,7 +49,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Sequence
 
-from engine.capture import RecordingTable, ScalarReads, key_value, stand_in, table_key
+from engine.capture import RecordingTable, ScalarReads, scalar_params, stand_ins
 from engine.distributed.graph import Submission
 from engine.distributed.memory import SharedAllocation, none_freed
 from engine.distributed.protocol import with_scalars
@@ -105,8 +105,7 @@ class DistributedCapture(RecordingTable[Recording]):
 
     def __init__(self, limit: int, params: Sequence["Param"]) -> None:
         super().__init__(limit)
-        # (index, parameter) of the orchestration's Scalars
-        self._scalar_params = tuple((i, p) for i, p in enumerate(params) if isinstance(p.spec, Scalar))
+        self._scalar_params = scalar_params(params)  # (index, parameter) of the orchestration's Scalars
 
     @staticmethod
     def base_key(call: "BoundCall", slot: int) -> tuple[Any, ...]:
@@ -126,27 +125,23 @@ class DistributedCapture(RecordingTable[Recording]):
 
     def lookup(self, base_key: tuple[Any, ...], values: Sequence[Any]) -> Recording | None:
         """The recording to replay, or None (the run records); drops one whose resident memory was freed."""
-        with self._lock:  # one look under the lock: a replay launches on every call
-            for reads in self._read_sets.get(base_key, ()):
-                key = table_key(base_key, reads, values)
-                entry = self._table.get(key)
-                if entry is None:
-                    continue
-                if entry.live():
-                    self._table.move_to_end(key)
-                    self.hits += 1
-                    return entry
-                self._drop_locked(key, invalidated=True)
-                break  # the dict of read sets may have changed: the run records
-            self.misses += 1
+        for key, entry in self._candidates(base_key, values):
+            if entry.live():
+                self._hit(key)
+                return entry
+            self._drop(key, invalidated=True)
+        self._miss()
         return None
+
+    def values(self, call: "BoundCall") -> list[Any]:
+        """The parameters' values a lookup, a replay and a recording read: the Scalars' (none without any)."""
+        return [a.value for a in call.args] if self._scalar_params else []
 
     def stand_ins(self, fn_args: list[Any]) -> ScalarReads:
         """Replaces the Scalars in fn_args by stand-ins for a recording; what they read is reported to the
         returned ScalarReads (closed by the caller once the orchestration is over)."""
         reads = ScalarReads()
-        for i, p in self._scalar_params:
-            fn_args[i] = stand_in(p.spec, fn_args[i], i, p.name, reads)
+        stand_ins(self._scalar_params, fn_args, reads)
         return reads
 
     def record(self, base_key: tuple[Any, ...], reads: ScalarReads, values: Sequence[Any], call: "BoundCall",
@@ -163,10 +158,12 @@ class DistributedCapture(RecordingTable[Recording]):
                     allocs[id(alloc)] = alloc
         read = tuple(sorted(reads.reads))
         # A Scalar read anywhere is in the key: its recorded value is the one every replay has.
-        kept = {i: p for i, p in ((i, tuple(x for x in ps if x[2] not in reads.reads)) for i, ps in passed.items())
-                if p}
-        self._store(base_key, read, tuple(key_value(values[i]) for i in read), Recording(subs, kept,
-                                                                                         tuple(allocs.values())))
+        kept: dict[int, tuple[PassedScalar, ...]] = {}
+        for index, scalars in passed.items():
+            unread = tuple(s for s in scalars if s[2] not in reads.reads)
+            if unread:
+                kept[index] = unread
+        self._store(base_key, read, values, Recording(subs, kept, tuple(allocs.values())))
 
 
 def _resident(t: DeviceTensor) -> tuple[Any, ...]:

@@ -28,6 +28,7 @@ from engine.specs import Scalar
 from engine.tensor import DeviceTensor
 
 if TYPE_CHECKING:
+    from engine.distributed.capture import PassedScalar
     from engine.distributed.runs import RunRecord
 
 __all__ = ["Orchestrator", "Registry", "NO_BOUNDS"]
@@ -97,7 +98,7 @@ class Orchestrator(OrchestrationContext):
         self._recording = recording  # a captured runtime records this orchestration (engine.distributed.capture)
         # While recording: per submission index, the Scalar parameters it was passed straight through
         # (engine.distributed.capture.PassedScalar), so that replays send each run's value.
-        self.passed: dict[int, tuple[tuple[int, Any, int], ...]] = {}
+        self.passed: dict[int, tuple[PassedScalar, ...]] = {}
 
     @property
     def workers(self) -> int:
@@ -309,7 +310,7 @@ class _Bound:
 
 
 def _passed_scalars(program: Any, args: tuple, kwargs: dict[str, Any]
-                    ) -> tuple[tuple, dict[str, Any], tuple[tuple[int, Any, int], ...]]:
+                    ) -> tuple[tuple, dict[str, Any], tuple["PassedScalar", ...]]:
     """A recorded submission's arguments with the Scalar stand-ins given to the sub-program's Scalars replaced
     by their values, and where each came from: (argument descriptor index, sub-program parameter, the
     orchestration's parameter index). A stand-in given anywhere else is left to the checks (it is no tensor)."""
@@ -317,7 +318,7 @@ def _passed_scalars(program: Any, args: tuple, kwargs: dict[str, Any]
         return args, kwargs, ()
     params = program.params
     by_name = {p.name: i for i, p in enumerate(params)}
-    passed: list[tuple[int, Any, int]] = []
+    passed: list[PassedScalar] = []
     plain_args = list(args)
     for i, v in enumerate(args):
         if isinstance(v, ScalarStandIn) and i < len(params) and isinstance(params[i].spec, Scalar):

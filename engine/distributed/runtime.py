@@ -311,7 +311,7 @@ class DistributedRuntime(BaseRuntime[RunRecord]):
         try:
             if recordings is not None:
                 base_key = recordings.base_key(call, slot_index)
-                values = [a.value for a in call.args]
+                values = recordings.values(call)
                 replay = recordings.lookup(base_key, values)
             fn_args: list[Any] = []
             copy_outs: list[tuple[np.ndarray, np.ndarray]] = []

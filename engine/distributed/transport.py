@@ -53,6 +53,7 @@ from engine.distributed.errors import WorkerDiedError
 from engine.distributed.protocol import Codec, Ready, Setup, SetupFailed, Stop, decode, encode
 from engine.distributed.wire import recv_message, send_message
 from engine.distributed.worker import DEFAULT_SPIN_US
+from engine.validation import check_flag
 
 __all__ = ["Region", "Transport", "ProcessTransport", "WakePipe", "SenderCpu", "OnMessage", "OnExit", "describe_exit"]
 
@@ -222,10 +223,8 @@ class ProcessTransport(Transport):
                              f"not {start_method!r}")
         if isinstance(spin_us, bool) or not isinstance(spin_us, int) or spin_us < 0:
             raise ValueError(f"spin_us must be an int >= 0, got {spin_us!r}")
-        if not isinstance(pin_workers, bool):
-            raise ValueError(f"pin_workers must be True or False, got {pin_workers!r}")
         self._follower = SenderCpu(follow_sender)  # the receiving thread's CPU follows the requests that wake it
-        self.pin_workers = pin_workers
+        self.pin_workers = check_flag("pin_workers", pin_workers)
         self.workers = workers
         self.start_method = start_method
         self.spin_us = spin_us
@@ -614,9 +613,7 @@ class SenderCpu:
     __slots__ = ("enabled", "_cpu", "_bound")
 
     def __init__(self, enabled: bool) -> None:
-        if not isinstance(enabled, bool):  # a transport's follow_sender option
-            raise ValueError(f"follow_sender must be True or False, got {enabled!r}")
-        self.enabled = enabled and hasattr(os, "sched_setaffinity")
+        self.enabled = check_flag("follow_sender", enabled) and hasattr(os, "sched_setaffinity")
         self._cpu = -1  # the last sender's (written by senders, read by the woken thread)
         self._bound = -1  # the one CPU the woken thread is bound to, -1 while it is not
 

@@ -136,6 +136,10 @@ def test_a_refused_submission_leaves_no_scalar_behind_for_the_next(prepare):
     assert _stats(drt) == (1, 2)
 
 
+# The property test's two runtimes, made on its first example and kept for the rest (the fixture closes them).
+_PROPERTY_RUNTIMES: dict[str, list[dist.DistributedRuntime]] = {}
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.sampled_from([0.5, -1.25, 2.0, 0.0, -0.0, 1e30]),
                           st.integers(0, 3)), min_size=1, max_size=8))
@@ -153,9 +157,6 @@ def test_captured_runs_match_uncaptured_bit_for_bit_over_scalar_values(prepare, 
         ys = [drt(x, acc, a=a, k=k)[1] for drt, acc in zip(drts, accs)]
         np.testing.assert_array_equal(ys[0].view(np.uint32), ys[1].view(np.uint32))
         np.testing.assert_array_equal(accs[0].view(np.uint32), accs[1].view(np.uint32))
-
-
-_PROPERTY_RUNTIMES: dict[str, list[dist.DistributedRuntime]] = {}
 
 
 def test_a_recording_whose_reached_tensor_was_freed_is_recorded_again(prepare):
